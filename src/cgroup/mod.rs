@@ -1,0 +1,1 @@
+//! The pod-level and QoS-level cgroup hierarchy keeper.

@@ -1,0 +1,12 @@
+//! nri-qos: Kubernetes QoS classes made real in the kernel through the
+//! container runtime's Node Resource Interface, plus a node memory-pressure
+//! monitor that evicts in QoS order.
+//!
+//! One folder per concern: `nri` speaks the wire protocol, `qos` is the pure
+//! policy, `cgroup` keeps the pod/QoS-level hierarchy, `pressure` watches the
+//! node and evicts.
+
+pub mod cgroup;
+pub mod nri;
+pub mod pressure;
+pub mod qos;

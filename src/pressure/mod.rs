@@ -1,0 +1,1 @@
+//! The node memory-pressure monitor.

@@ -1,0 +1,128 @@
+//! The QoS policy: a pure function from what the runtime tells us about a
+//! container (plain values, no protobuf) to the cgroup and OOM settings its
+//! Kubernetes QoS class should get.
+//!
+//! The NRI layer converts wire messages into [`PodFacts`] / [`ContainerFacts`],
+//! calls [`decide`] and turns the [`Adjustment`] back into NRI messages; `explain`
+//! builds the same facts from a Pod manifest the way the kubelet would.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Resource values as the runtime hands them over (CRI/OCI semantics).
+/// `None` means the runtime did not set the value.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub cpu_shares: Option<u64>,
+    pub cpu_quota: Option<i64>,
+    pub cpu_period: Option<u64>,
+    pub memory_limit: Option<i64>,
+    /// cgroup v2 `unified` keys, e.g. `memory.min` set by the kubelet's Memory QoS.
+    pub unified: BTreeMap<String, String>,
+}
+
+/// What we know about the pod a container belongs to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    /// CRI cgroup parent, e.g. `/kubepods/burstable/pod<uid>` or a systemd slice.
+    pub cgroup_parent: String,
+    /// Pod-level resources (`LinuxPodSandbox.pod_resources`), when the runtime sent them.
+    pub resources: Option<Resources>,
+}
+
+/// What we know about one container being created or updated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerFacts {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub resources: Resources,
+    /// The oom_score_adj the runtime was asked for (the kubelet's value).
+    pub oom_score_adj: Option<i64>,
+    pub cgroups_path: String,
+}
+
+/// Facts about the node the policy needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// MemTotal in bytes (the kubelet's machineInfo.MemoryCapacity).
+    pub memory_capacity: u64,
+    /// Node allocatable memory in bytes (base of memory.high without a limit).
+    pub memory_allocatable: u64,
+    pub page_size: u64,
+    pub cgroup_v2: bool,
+}
+
+/// Kubernetes QoS class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum QosClass {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+/// The settings we want a container to get; `None` / absent keys leave the
+/// runtime's value alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Adjustment {
+    pub cpu_shares: Option<u64>,
+    pub cpu_quota: Option<i64>,
+    pub cpu_period: Option<u64>,
+    pub memory_limit: Option<i64>,
+    pub unified: BTreeMap<String, String>,
+    pub oom_score_adj: Option<i64>,
+}
+
+impl Adjustment {
+    pub fn is_empty(&self) -> bool {
+        *self == Adjustment::default()
+    }
+}
+
+/// The policy's answer, with enough context to log why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub class: QosClass,
+    /// Human-readable reason for the class (which rule decided it).
+    pub reason: String,
+    /// Recovered memory request in bytes, when known.
+    pub memory_request: Option<u64>,
+    pub adjustment: Adjustment,
+    /// Things worth a log line (fallbacks taken, values clamped).
+    pub notes: Vec<String>,
+}
+
+/// Policy configuration (the `[policy]` table of `config/nri-qos.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct PolicyConfig {}
+
+#[allow(clippy::derivable_impls)]
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {}
+    }
+}
+
+/// Computes what a container should get. Never fails: odd input yields an
+/// empty adjustment and a note.
+pub fn decide(
+    _pod: &PodFacts,
+    _container: &ContainerFacts,
+    _node: &NodeFacts,
+    _cfg: &PolicyConfig,
+) -> Decision {
+    Decision {
+        class: QosClass::BestEffort,
+        reason: "policy not implemented yet".into(),
+        memory_request: None,
+        adjustment: Adjustment::default(),
+        notes: Vec::new(),
+    }
+}
