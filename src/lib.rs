@@ -7,6 +7,9 @@
 //! node and evicts.
 
 pub mod cgroup;
+pub mod config;
+pub mod node;
 pub mod nri;
+pub mod observability;
 pub mod pressure;
 pub mod qos;

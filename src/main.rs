@@ -1,1 +1,193 @@
-fn main() {}
+//! `nri-qos`: the NRI plugin (default command), plus tools.
+//!
+//! Pre-launched by the runtime it gets no arguments and only the
+//! `NRI_PLUGIN_NAME`, `NRI_PLUGIN_IDX` and `NRI_PLUGIN_SOCKET` variables.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use nri_qos::config::{Config, DEFAULT_CONFIG_PATH};
+use nri_qos::nri::{Identity, PluginSettings, QosPlugin, Transport};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "nri-qos",
+    version,
+    about = "Kubernetes QoS made real in the kernel, through NRI"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the NRI plugin (the default when no command is given).
+    Run(RunArgs),
+    /// Validate a config file and print the effective configuration.
+    CheckConfig {
+        /// The TOML file to check.
+        file: PathBuf,
+    },
+}
+
+#[derive(Args, Debug, Default)]
+struct RunArgs {
+    /// Config file (default: /etc/nri-qos/nri-qos.toml when it exists).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Runtime NRI socket to connect to (external mode).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Plugin name to register with.
+    #[arg(long)]
+    name: Option<String>,
+    /// Two-digit plugin index.
+    #[arg(long)]
+    index: Option<String>,
+    /// Compute and log adjustments without returning them.
+    #[arg(long)]
+    dry_run: bool,
+    /// Log format: text or json.
+    #[arg(long)]
+    log_format: Option<String>,
+    /// Log level or tracing filter.
+    #[arg(long)]
+    log_level: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        None => run_plugin(RunArgs::default()),
+        Some(Command::Run(args)) => run_plugin(args),
+        Some(Command::CheckConfig { file }) => {
+            let cfg = Config::load(&file)?;
+            println!(
+                "{}",
+                toml::to_string_pretty(&cfg).context("rendering config")?
+            );
+            eprintln!("{}: ok", file.display());
+            Ok(())
+        }
+    }
+}
+
+fn load_config(explicit: Option<&Path>) -> anyhow::Result<Config> {
+    match explicit {
+        Some(p) => Ok(Config::load(p)?),
+        None if Path::new(DEFAULT_CONFIG_PATH).is_file() => {
+            Ok(Config::load(Path::new(DEFAULT_CONFIG_PATH))?)
+        }
+        None => Ok(Config::default()),
+    }
+}
+
+fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
+    let mut cfg = load_config(args.config.as_deref())?;
+    if let Some(s) = args.socket {
+        cfg.plugin.socket = s;
+    }
+    if let Some(n) = args.name {
+        cfg.plugin.name = n;
+    }
+    if let Some(i) = args.index {
+        cfg.plugin.index = i;
+    }
+    if let Some(f) = args.log_format {
+        cfg.plugin.log_format = f;
+    }
+    if let Some(l) = args.log_level {
+        cfg.plugin.log_level = l;
+    }
+    cfg.plugin.dry_run |= args.dry_run;
+
+    // Pre-launched: the runtime names us and hands over fd NRI_PLUGIN_SOCKET.
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    if let (Some(name), Some(idx)) = (env("NRI_PLUGIN_NAME"), env("NRI_PLUGIN_IDX")) {
+        cfg.plugin.name = name;
+        cfg.plugin.index = idx;
+    } else if let Some(id) = std::env::args()
+        .next()
+        .and_then(|a| {
+            Path::new(&a)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+        })
+        .and_then(|f| Identity::from_file_name(&f))
+    {
+        cfg.plugin.name = id.name;
+        cfg.plugin.index = id.index;
+    }
+    cfg.validate()?;
+    nri_qos::observability::init(
+        &cfg.plugin.log_format,
+        &cfg.plugin.log_level,
+        cfg.plugin.log_file.as_deref(),
+    )
+    .context("setting up logging")?;
+
+    let transport = match env("NRI_PLUGIN_SOCKET") {
+        Some(fd) => {
+            let fd: i32 = fd
+                .parse()
+                .with_context(|| format!("NRI_PLUGIN_SOCKET={fd:?} is not a file descriptor"))?;
+            if fd < 0 {
+                bail!("NRI_PLUGIN_SOCKET={fd} is not a file descriptor");
+            }
+            Transport::InheritedFd(fd)
+        }
+        None => Transport::Socket(cfg.plugin.socket.clone()),
+    };
+    let identity = Identity::new(&cfg.plugin.name, &cfg.plugin.index)?;
+    let node = nri_qos::node::read_node_facts(
+        &cfg.node.proc_root,
+        &cfg.node.cgroup_root,
+        cfg.node.memory_allocatable,
+    )?;
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        name = %identity.name,
+        index = %identity.index,
+        transport = ?transport,
+        memory_capacity = node.memory_capacity,
+        cgroup_v2 = node.cgroup_v2,
+        dry_run = cfg.plugin.dry_run,
+        "nri-qos starting"
+    );
+    let plugin = Arc::new(QosPlugin::new(PluginSettings {
+        policy: cfg.policy.clone(),
+        node,
+        dry_run: cfg.plugin.dry_run,
+        adjust_existing: cfg.plugin.adjust_existing,
+        proc_root: cfg.node.proc_root.clone(),
+    }));
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        tokio::select! {
+            r = nri_qos::nri::session::run(transport, plugin, identity) => r.map_err(anyhow::Error::from),
+            _ = shutdown_signal() => {
+                tracing::info!("signal received; exiting");
+                Ok(())
+            }
+        }
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,4 +1,11 @@
-//! The NRI wire protocol: generated messages, the connection multiplexer and
-//! the plugin lifecycle.
+//! The NRI wire protocol: generated messages, the connection multiplexer,
+//! the Plugin service and the session lifecycle.
 
+pub mod convert;
+pub mod mux;
+pub mod plugin;
 pub mod proto;
+pub mod session;
+
+pub use plugin::{PluginSettings, QosPlugin};
+pub use session::{Identity, Transport};

@@ -1,0 +1,102 @@
+//! Facts about the node read once at start (paths injected for tests).
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::qos::NodeFacts;
+
+#[derive(Debug, Error)]
+pub enum NodeError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} has no usable MemTotal line")]
+    NoMemTotal { path: PathBuf },
+}
+
+/// MemTotal in bytes from a /proc/meminfo text.
+pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    meminfo.lines().find_map(|l| {
+        let rest = l.strip_prefix("MemTotal:")?;
+        let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+        kib.checked_mul(1024)
+    })
+}
+
+/// cgroup v2 when the mount point is the unified root (it has
+/// `cgroup.controllers`); a v1 or hybrid layout does not.
+pub fn is_cgroup_v2(cgroup_root: &Path) -> bool {
+    cgroup_root.join("cgroup.controllers").is_file()
+}
+
+pub fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|v| u64::try_from(v).ok())
+        .filter(|v| *v > 0)
+        .unwrap_or(4096)
+}
+
+/// Reads MemTotal, page size and the cgroup version. `allocatable` 0 means
+/// "same as MemTotal".
+pub fn read_node_facts(
+    proc_root: &Path,
+    cgroup_root: &Path,
+    allocatable: u64,
+) -> Result<NodeFacts, NodeError> {
+    let path = proc_root.join("meminfo");
+    let text = std::fs::read_to_string(&path).map_err(|source| NodeError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let capacity = parse_mem_total(&text).ok_or(NodeError::NoMemTotal { path })?;
+    Ok(NodeFacts {
+        memory_capacity: capacity,
+        memory_allocatable: if allocatable == 0 {
+            capacity
+        } else {
+            allocatable.min(capacity)
+        },
+        page_size: page_size(),
+        cgroup_v2: is_cgroup_v2(cgroup_root),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_facts_from_a_fake_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_root = dir.path().join("proc");
+        let cg = dir.path().join("cg");
+        std::fs::create_dir_all(&proc_root).unwrap();
+        std::fs::create_dir_all(&cg).unwrap();
+        std::fs::write(
+            proc_root.join("meminfo"),
+            "MemTotal:       16777216 kB\nMemFree: 1 kB\n",
+        )
+        .unwrap();
+        let f = read_node_facts(&proc_root, &cg, 0).unwrap();
+        assert_eq!(f.memory_capacity, 17_179_869_184);
+        assert_eq!(f.memory_allocatable, f.memory_capacity);
+        assert!(!f.cgroup_v2);
+        std::fs::write(cg.join("cgroup.controllers"), "cpu memory\n").unwrap();
+        let f = read_node_facts(&proc_root, &cg, 1 << 30).unwrap();
+        assert!(f.cgroup_v2);
+        assert_eq!(f.memory_allocatable, 1 << 30);
+    }
+
+    #[test]
+    fn junk_meminfo_is_an_error_not_a_panic() {
+        assert_eq!(parse_mem_total("MemTotal: lots kB"), None);
+        assert_eq!(parse_mem_total(""), None);
+        assert_eq!(parse_mem_total("MemTotal: 99999999999999999999 kB"), None);
+    }
+}

@@ -1,0 +1,629 @@
+//! The `nri.pkg.api.v1alpha1.Plugin` service: thin handlers over the pure
+//! QoS policy.
+//!
+//! Every handler answers in microseconds and never returns an error for a
+//! policy reason: a runtime fails container creation on any error status, so
+//! odd input gets an empty adjustment and a log line instead.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+use ttrpc::r#async::TtrpcContext;
+
+use super::convert;
+use super::proto::api;
+use super::proto::api_ttrpc::Plugin;
+use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
+
+/// Events we subscribe to. Kept within 0x7FF, the mask every runtime since
+/// NRI v0.6.1 accepts (newer bits make old runtimes drop the plugin).
+pub const EVENTS: i32 = event_bit(api::Event::RUN_POD_SANDBOX)
+    | event_bit(api::Event::REMOVE_POD_SANDBOX)
+    | event_bit(api::Event::CREATE_CONTAINER)
+    | event_bit(api::Event::POST_START_CONTAINER)
+    | event_bit(api::Event::UPDATE_CONTAINER)
+    | event_bit(api::Event::STOP_CONTAINER)
+    | event_bit(api::Event::REMOVE_CONTAINER);
+
+const fn event_bit(e: api::Event) -> i32 {
+    1 << (e as i32 - 1)
+}
+
+/// Request timeout the runtime uses when Configure does not say (NRI v0.6.1).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Registration timeout the runtime uses when Configure does not say.
+pub const DEFAULT_REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A peer may split Synchronize into chunks; we hold at most this many
+/// objects while reassembling (far above any real node).
+pub const MAX_SYNC_OBJECTS: usize = 200_000;
+
+/// Everything the handlers need that does not change during a session.
+#[derive(Debug, Clone)]
+pub struct PluginSettings {
+    pub policy: PolicyConfig,
+    pub node: NodeFacts,
+    /// Compute and log adjustments without returning them.
+    pub dry_run: bool,
+    /// Bring containers that already run into line on Synchronize.
+    pub adjust_existing: bool,
+    /// Where `/proc` is, for the oom_score_adj fallback on old runtimes.
+    pub proc_root: PathBuf,
+}
+
+/// What Configure told us about the runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeInfo {
+    pub name: String,
+    pub version: String,
+    pub request_timeout: Option<Duration>,
+    pub registration_timeout: Option<Duration>,
+    /// Runtimes on NRI v0.6.x do not know the oom_score_adj adjustment and
+    /// drop it silently; they are also the ones that send no timeouts.
+    pub applies_oom_score_adj: bool,
+}
+
+/// A pod as the runtime described it.
+#[derive(Debug, Clone)]
+pub struct PodRecord {
+    pub id: String,
+    pub facts: qos::PodFacts,
+}
+
+/// A container and what the policy decided for it.
+#[derive(Debug, Clone)]
+pub struct ContainerRecord {
+    pub id: String,
+    pub pod_id: String,
+    pub name: String,
+    pub class: QosClass,
+    pub memory_request: Option<u64>,
+    /// memory.min / memory.low we asked the runtime to set (bytes).
+    pub memory_min: u64,
+    pub memory_low: u64,
+    pub oom_score_adj: Option<i64>,
+    pub cgroups_path: String,
+}
+
+/// The runtime's view of pods and containers, rebuilt on every Synchronize.
+/// The hierarchy keeper and the pressure monitor read it.
+#[derive(Debug, Default)]
+pub struct Registry {
+    pub pods: HashMap<String, PodRecord>,
+    pub containers: HashMap<String, ContainerRecord>,
+}
+
+#[derive(Default)]
+struct SyncBuffer {
+    pods: Vec<api::PodSandbox>,
+    containers: Vec<api::Container>,
+}
+
+/// Counters a test or the metrics endpoint can read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    pub created: u64,
+    pub adjusted: u64,
+    pub updated: u64,
+    pub synchronized: u64,
+    pub oom_fallback_writes: u64,
+}
+
+/// The Plugin service implementation.
+pub struct QosPlugin {
+    settings: PluginSettings,
+    runtime: Mutex<Option<RuntimeInfo>>,
+    sync: Mutex<SyncBuffer>,
+    registry: Arc<Mutex<Registry>>,
+    counters: Mutex<Counters>,
+    configured: watch::Sender<bool>,
+    changed: watch::Sender<u64>,
+    warned_old_runtime: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A handler that panicked cannot leave these maps half-updated in a way
+    // that matters more than refusing to serve; keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl QosPlugin {
+    pub fn new(settings: PluginSettings) -> Self {
+        QosPlugin {
+            settings,
+            runtime: Mutex::new(None),
+            sync: Mutex::new(SyncBuffer::default()),
+            registry: Arc::new(Mutex::new(Registry::default())),
+            counters: Mutex::new(Counters::default()),
+            configured: watch::channel(false).0,
+            changed: watch::channel(0).0,
+            warned_old_runtime: AtomicBool::new(false),
+        }
+    }
+
+    pub fn settings(&self) -> &PluginSettings {
+        &self.settings
+    }
+
+    /// The shared registry of pods and containers.
+    pub fn registry(&self) -> Arc<Mutex<Registry>> {
+        self.registry.clone()
+    }
+
+    /// Ticks whenever the registry changed (for the hierarchy keeper).
+    pub fn subscribe_changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    pub fn runtime_info(&self) -> Option<RuntimeInfo> {
+        lock(&self.runtime).clone()
+    }
+
+    pub fn counters(&self) -> Counters {
+        *lock(&self.counters)
+    }
+
+    /// Forget the previous session: a reconnect is a new plugin to the
+    /// runtime, which re-sends everything in Synchronize.
+    pub fn reset_session(&self) {
+        *lock(&self.runtime) = None;
+        *lock(&self.sync) = SyncBuffer::default();
+        self.configured.send_replace(false);
+    }
+
+    /// Waits until Configure arrived, or `limit` passed.
+    pub async fn wait_configured(&self, limit: Duration) -> bool {
+        let mut rx = self.configured.subscribe();
+        tokio::time::timeout(limit, rx.wait_for(|c| *c))
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false)
+    }
+
+    fn notify_changed(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn applies_oom_score_adj(&self) -> bool {
+        lock(&self.runtime)
+            .as_ref()
+            .map(|r| r.applies_oom_score_adj)
+            .unwrap_or(true)
+    }
+
+    /// Runs the policy for one container and records the result.
+    fn decide_and_record(
+        &self,
+        pod: &api::PodSandbox,
+        container: &api::Container,
+        resources_override: Option<&api::LinuxResources>,
+    ) -> qos::Decision {
+        let pod_facts = convert::pod_from_wire(pod);
+        let mut facts = convert::container_from_wire(container);
+        if let Some(r) = resources_override {
+            facts.resources = convert::resources_from_wire(r);
+        }
+        let started = Instant::now();
+        let decision = qos::decide(
+            &pod_facts,
+            &facts,
+            &self.settings.node,
+            &self.settings.policy,
+        );
+        debug!(
+            pod = %format_args!("{}/{}", pod_facts.namespace, pod_facts.name),
+            container = %facts.name,
+            class = ?decision.class,
+            reason = %decision.reason,
+            memory_request = ?decision.memory_request,
+            adjustment = ?decision.adjustment,
+            took_us = started.elapsed().as_micros() as u64,
+            "policy decision"
+        );
+        for note in &decision.notes {
+            info!(container = %facts.name, pod = %pod_facts.name, "{note}");
+        }
+        let unified = &decision.adjustment.unified;
+        let bytes = |key: &str| {
+            unified
+                .get(key)
+                .or_else(|| facts.resources.unified.get(key))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let record = ContainerRecord {
+            id: container.id.clone(),
+            pod_id: if container.pod_sandbox_id.is_empty() {
+                pod.id.clone()
+            } else {
+                container.pod_sandbox_id.clone()
+            },
+            name: container.name.clone(),
+            class: decision.class,
+            memory_request: decision.memory_request,
+            memory_min: bytes("memory.min"),
+            memory_low: bytes("memory.low"),
+            oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
+            cgroups_path: facts.cgroups_path.clone(),
+        };
+        let mut reg = lock(&self.registry);
+        reg.pods.insert(
+            pod.id.clone(),
+            PodRecord {
+                id: pod.id.clone(),
+                facts: pod_facts,
+            },
+        );
+        reg.containers.insert(container.id.clone(), record);
+        drop(reg);
+        self.notify_changed();
+        decision
+    }
+
+    fn forget_container(&self, id: &str) {
+        if lock(&self.registry).containers.remove(id).is_some() {
+            self.notify_changed();
+        }
+    }
+
+    fn forget_pod(&self, id: &str) {
+        let mut reg = lock(&self.registry);
+        let had = reg.pods.remove(id).is_some();
+        reg.containers.retain(|_, c| c.pod_id != id);
+        drop(reg);
+        if had {
+            self.notify_changed();
+        }
+    }
+
+    /// On runtimes that drop the oom_score_adj adjustment, write it into the
+    /// started container's init process ourselves.
+    fn oom_fallback(&self, container: &api::Container) {
+        if self.applies_oom_score_adj() || self.settings.dry_run || container.pid == 0 {
+            return;
+        }
+        let wanted = lock(&self.registry)
+            .containers
+            .get(&container.id)
+            .and_then(|c| c.oom_score_adj);
+        let Some(adj) = wanted else { return };
+        let current = container
+            .linux
+            .as_ref()
+            .and_then(|l| l.oom_score_adj.as_ref())
+            .map(|o| o.value);
+        if current == Some(adj) {
+            return;
+        }
+        if !self.warned_old_runtime.swap(true, Ordering::Relaxed) {
+            warn!("runtime speaks NRI v0.6 and drops oom_score_adj adjustments; writing /proc/<pid>/oom_score_adj at container start instead");
+        }
+        let path = self
+            .settings
+            .proc_root
+            .join(container.pid.to_string())
+            .join("oom_score_adj");
+        match std::fs::write(&path, adj.to_string()) {
+            Ok(()) => {
+                lock(&self.counters).oom_fallback_writes += 1;
+                debug!(path = %path.display(), adj, "oom_score_adj written");
+            }
+            Err(e) => {
+                warn!(path = %path.display(), adj, error = %e, "could not write oom_score_adj")
+            }
+        }
+    }
+
+    fn finish_sync(&self, buf: SyncBuffer) -> Vec<api::ContainerUpdate> {
+        {
+            let mut reg = lock(&self.registry);
+            *reg = Registry::default();
+        }
+        let pods: HashMap<&str, &api::PodSandbox> =
+            buf.pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        let mut updates = Vec::new();
+        for c in &buf.containers {
+            let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
+                debug!(container = %c.id, "synchronized container without a known pod; skipped");
+                continue;
+            };
+            let decision = self.decide_and_record(pod, c, None);
+            let running = matches!(
+                c.state.enum_value(),
+                Ok(api::ContainerState::CONTAINER_RUNNING | api::ContainerState::CONTAINER_CREATED)
+            );
+            if !self.settings.adjust_existing || self.settings.dry_run || !running {
+                continue;
+            }
+            // oom_score_adj cannot travel in an update; the runtime applies
+            // the rest through UpdateContainerResources.
+            if let Some(u) = convert::update_to_wire(&c.id, &decision.adjustment, true) {
+                updates.push(u);
+            }
+        }
+        for p in &buf.pods {
+            lock(&self.registry)
+                .pods
+                .entry(p.id.clone())
+                .or_insert_with(|| PodRecord {
+                    id: p.id.clone(),
+                    facts: convert::pod_from_wire(p),
+                });
+        }
+        self.notify_changed();
+        let mut counters = lock(&self.counters);
+        counters.synchronized += buf.containers.len() as u64;
+        counters.updated += updates.len() as u64;
+        info!(
+            pods = buf.pods.len(),
+            containers = buf.containers.len(),
+            updates = updates.len(),
+            "synchronized with the runtime"
+        );
+        updates
+    }
+}
+
+fn unimplemented<T>(method: &str) -> ttrpc::Result<T> {
+    // UNIMPLEMENTED (not codegen's NOT_FOUND) makes NRI v0.12 runtimes fall
+    // back to StateChange, the path every runtime version has.
+    Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
+        ttrpc::Code::UNIMPLEMENTED,
+        format!("nri-qos handles {method} through StateChange"),
+    )))
+}
+
+fn ms(v: i64) -> Option<Duration> {
+    u64::try_from(v)
+        .ok()
+        .filter(|v| *v > 0)
+        .map(Duration::from_millis)
+}
+
+#[async_trait]
+impl Plugin for QosPlugin {
+    async fn configure(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ConfigureRequest,
+    ) -> ttrpc::Result<api::ConfigureResponse> {
+        let info = RuntimeInfo {
+            name: req.runtime_name.clone(),
+            version: req.runtime_version.clone(),
+            request_timeout: ms(req.request_timeout),
+            registration_timeout: ms(req.registration_timeout),
+            // Timeouts and the oom_score_adj adjustment both arrived in NRI v0.7.0.
+            applies_oom_score_adj: req.request_timeout > 0 || req.registration_timeout > 0,
+        };
+        info!(
+            runtime = %info.name,
+            version = %info.version,
+            request_timeout_ms = info.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT).as_millis() as u64,
+            oom_score_adj_supported = info.applies_oom_score_adj,
+            config_bytes = req.config.len(),
+            "configured by the runtime"
+        );
+        *lock(&self.runtime) = Some(info);
+        self.configured.send_replace(true);
+        Ok(api::ConfigureResponse {
+            events: EVENTS,
+            ..Default::default()
+        })
+    }
+
+    async fn synchronize(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::SynchronizeRequest,
+    ) -> ttrpc::Result<api::SynchronizeResponse> {
+        let mut buf = lock(&self.sync);
+        if buf.pods.len() + buf.containers.len() + req.pods.len() + req.containers.len()
+            > MAX_SYNC_OBJECTS
+        {
+            warn!(
+                limit = MAX_SYNC_OBJECTS,
+                "synchronize carries more objects than we hold; dropping the partial state"
+            );
+            *buf = SyncBuffer::default();
+            return Ok(api::SynchronizeResponse {
+                more: req.more,
+                ..Default::default()
+            });
+        }
+        buf.pods.extend(req.pods);
+        buf.containers.extend(req.containers);
+        if req.more {
+            // Every chunk but the last must be answered with more=true and no
+            // updates, or the runtime drops the plugin.
+            return Ok(api::SynchronizeResponse {
+                more: true,
+                ..Default::default()
+            });
+        }
+        let whole = std::mem::take(&mut *buf);
+        drop(buf);
+        let update = self.finish_sync(whole);
+        Ok(api::SynchronizeResponse {
+            update,
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, _ctx: &TtrpcContext, _req: api::Empty) -> ttrpc::Result<api::Empty> {
+        info!("runtime asked us to shut down");
+        Ok(api::Empty::new())
+    }
+
+    async fn create_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::CreateContainerRequest,
+    ) -> ttrpc::Result<api::CreateContainerResponse> {
+        let decision = self.decide_and_record(&req.pod, &req.container, None);
+        let mut resp = api::CreateContainerResponse::new();
+        let mut counters = lock(&self.counters);
+        counters.created += 1;
+        if self.settings.dry_run {
+            info!(container = %req.container.name, adjustment = ?decision.adjustment, "dry run: adjustment not returned");
+            return Ok(resp);
+        }
+        if !decision.adjustment.is_empty() {
+            counters.adjusted += 1;
+        }
+        resp.adjust = protobuf::MessageField::some(convert::adjustment_to_wire(
+            &decision.adjustment,
+            self.applies_oom_score_adj(),
+        ));
+        Ok(resp)
+    }
+
+    async fn update_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::UpdateContainerRequest,
+    ) -> ttrpc::Result<api::UpdateContainerResponse> {
+        let decision =
+            self.decide_and_record(&req.pod, &req.container, req.linux_resources.as_ref());
+        let mut resp = api::UpdateContainerResponse::new();
+        if self.settings.dry_run {
+            return Ok(resp);
+        }
+        // Our update replaces the CRI request, so start from what was asked
+        // and overlay the policy's values.
+        let mut adj = decision.adjustment;
+        if let Some(r) = req.linux_resources.as_ref() {
+            let asked = convert::resources_from_wire(r);
+            adj.cpu_shares = adj.cpu_shares.or(asked.cpu_shares);
+            adj.cpu_quota = adj.cpu_quota.or(asked.cpu_quota);
+            adj.cpu_period = adj.cpu_period.or(asked.cpu_period);
+            adj.memory_limit = adj.memory_limit.or(asked.memory_limit);
+            for (k, v) in asked.unified {
+                adj.unified.entry(k).or_insert(v);
+            }
+        }
+        if let Some(u) = convert::update_to_wire(&req.container.id, &adj, false) {
+            lock(&self.counters).updated += 1;
+            resp.update.push(u);
+        }
+        Ok(resp)
+    }
+
+    async fn stop_container(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StopContainerRequest,
+    ) -> ttrpc::Result<api::StopContainerResponse> {
+        debug!(container = %req.container.id, "container stopping");
+        Ok(api::StopContainerResponse::new())
+    }
+
+    async fn state_change(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StateChangeEvent,
+    ) -> ttrpc::Result<api::Empty> {
+        match req.event.enum_value() {
+            Ok(api::Event::POST_START_CONTAINER) => self.oom_fallback(&req.container),
+            Ok(api::Event::REMOVE_CONTAINER) => self.forget_container(&req.container.id),
+            Ok(api::Event::REMOVE_POD_SANDBOX) => self.forget_pod(&req.pod.id),
+            Ok(api::Event::RUN_POD_SANDBOX) => {
+                let mut reg = lock(&self.registry);
+                reg.pods.insert(
+                    req.pod.id.clone(),
+                    PodRecord {
+                        id: req.pod.id.clone(),
+                        facts: convert::pod_from_wire(&req.pod),
+                    },
+                );
+                drop(reg);
+                self.notify_changed();
+            }
+            other => debug!(event = ?other, "state change ignored"),
+        }
+        Ok(api::Empty::new())
+    }
+
+    async fn run_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::RunPodSandboxRequest,
+    ) -> ttrpc::Result<api::RunPodSandboxResponse> {
+        unimplemented("RunPodSandbox")
+    }
+    async fn post_update_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::PostUpdatePodSandboxRequest,
+    ) -> ttrpc::Result<api::PostUpdatePodSandboxResponse> {
+        unimplemented("PostUpdatePodSandbox")
+    }
+    async fn stop_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::StopPodSandboxRequest,
+    ) -> ttrpc::Result<api::StopPodSandboxResponse> {
+        unimplemented("StopPodSandbox")
+    }
+    async fn remove_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::RemovePodSandboxRequest,
+    ) -> ttrpc::Result<api::RemovePodSandboxResponse> {
+        unimplemented("RemovePodSandbox")
+    }
+    async fn post_create_container(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::PostCreateContainerRequest,
+    ) -> ttrpc::Result<api::PostCreateContainerResponse> {
+        unimplemented("PostCreateContainer")
+    }
+    async fn start_container(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::StartContainerRequest,
+    ) -> ttrpc::Result<api::StartContainerResponse> {
+        unimplemented("StartContainer")
+    }
+    async fn post_start_container(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::PostStartContainerRequest,
+    ) -> ttrpc::Result<api::PostStartContainerResponse> {
+        unimplemented("PostStartContainer")
+    }
+    async fn post_update_container(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::PostUpdateContainerRequest,
+    ) -> ttrpc::Result<api::PostUpdateContainerResponse> {
+        unimplemented("PostUpdateContainer")
+    }
+    async fn remove_container(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::RemoveContainerRequest,
+    ) -> ttrpc::Result<api::RemoveContainerResponse> {
+        unimplemented("RemoveContainer")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_mask_is_accepted_by_nri_v0_6_runtimes() {
+        assert_eq!(EVENTS & !0x7FF, 0, "mask {EVENTS:#x}");
+        // CreateContainer, UpdateContainer and PostStartContainer are the ones we act on.
+        assert_ne!(EVENTS & 0x8, 0);
+        assert_ne!(EVENTS & 0x80, 0);
+        assert_ne!(EVENTS & 0x40, 0);
+    }
+}
