@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use thiserror::Error;
 use tokio::net::UnixStream;
 use tracing::{info, warn};
@@ -103,9 +104,12 @@ pub async fn run_session(
     // Serve conn 1 before registering: the runtime calls Configure right
     // after it accepts the registration, possibly before we see the reply.
     let plugin_conn = conns.plugin_service;
-    let listener = Listener::new(futures::stream::once(async move {
-        Ok::<_, io::Error>(plugin_conn)
-    }));
+    // The stream must not end: ttrpc's Server::shutdown panics once its
+    // accept loop has seen the end of the listener.
+    let listener = Listener::new(
+        futures::stream::once(async move { Ok::<_, io::Error>(plugin_conn) })
+            .chain(futures::stream::pending()),
+    );
     let mut server = Server::new()
         .register_service(api_ttrpc::create_plugin(plugin.clone()))
         .add_listener(listener);
