@@ -99,7 +99,9 @@ async fn drive<T>(trunk: T, conns: [(u32, DuplexStream); 2]) -> MuxError
 where
     T: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (mut trunk_rd, trunk_wr) = tokio::io::split(trunk);
+    let (trunk_rd, trunk_wr) = tokio::io::split(trunk);
+    // Header and payload of a frame usually arrive together: one read, not two.
+    let mut trunk_rd = tokio::io::BufReader::with_capacity(64 * 1024, trunk_rd);
     let trunk_wr = std::sync::Arc::new(Mutex::new(trunk_wr));
     let (end_tx, mut end_rx) = mpsc::channel::<MuxError>(4);
     let mut tasks = JoinSet::new();
