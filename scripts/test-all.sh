@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every nri-qos test on a fresh machine: lint, unit/property/protocol
+# tests, the proto conformance test against Debian's containerd/nri, and the
+# end-to-end tests with real containerd 1.7.24 and 2.1.9 in a qemu VM.
+# Installs what it needs itself. Set NRI_QOS_E2E=0 to skip the VM tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n=== %s ===\n' "$*"; }
+
+step "upstream NRI protos (Debian golang-github-containerd-nri-dev)"
+bash tests/upstream/fetch-nri-protos.sh
+
+step "format and lint"
+cargo fmt --check
+cargo clippy --all-targets --locked -- -D warnings
+
+export NRI_QOS_E2E="${NRI_QOS_E2E:-1}"
+if [ "$NRI_QOS_E2E" = 1 ] && [ -x tests/e2e/fetch.sh ]; then
+  step "VM prerequisites (qemu, kernel, containerd .debs)"
+  bash tests/e2e/fetch.sh
+  step "release build for the VM"
+  cargo build --release --locked --bins --examples
+fi
+
+step "tests"
+cargo test --locked --all-targets -- --nocapture 2>&1 | tee target/test-all.log
+# cargo test prints one 'test result' line per test binary; sum them for one closing line.
+awk '/^test result:/ {p+=$4; f+=$6} END {printf "\nall tests: %d passed, %d failed\n", p, f}' target/test-all.log
