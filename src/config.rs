@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::cgroup::HierarchyConfig;
 use crate::qos::PolicyConfig;
 
 /// Where the runtime's NRI socket lives by default (containerd and CRI-O).
@@ -19,6 +20,7 @@ pub struct Config {
     pub plugin: PluginConfig,
     pub node: NodeConfig,
     pub policy: PolicyConfig,
+    pub hierarchy: HierarchyConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -170,6 +170,21 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        if cfg.hierarchy.enabled && node.cgroup_v2 && !cfg.plugin.dry_run {
+            let keeper = nri_qos::cgroup::Keeper::new(
+                cfg.node.cgroup_root.clone(),
+                cfg.hierarchy.clone(),
+                node.memory_capacity,
+            );
+            tokio::spawn(nri_qos::cgroup::keeper::run(
+                keeper,
+                plugin.registry(),
+                plugin.subscribe_changes(),
+                std::time::Duration::from_secs(cfg.hierarchy.resync_seconds.max(1)),
+            ));
+        } else if cfg.hierarchy.enabled && !node.cgroup_v2 {
+            tracing::info!("cgroup v1 node: no memory.min/memory.low, hierarchy keeper off");
+        }
         tokio::select! {
             r = nri_qos::nri::session::run(transport, plugin, identity) => r.map_err(anyhow::Error::from),
             _ = shutdown_signal() => {

@@ -1,1 +1,9 @@
-//! The pod-level and QoS-level cgroup hierarchy keeper.
+//! The pod-level and QoS-level cgroup hierarchy keeper: memory protection
+//! set on a container only works if every ancestor carries it too, and no
+//! runtime writes those ancestors.
+
+pub mod keeper;
+pub mod layout;
+pub mod plan;
+
+pub use keeper::{HierarchyConfig, Keeper};

@@ -1,0 +1,445 @@
+//! The hierarchy keeper: writes memory.min / memory.low of the pod-level,
+//! QoS-level and kubepods cgroups so container-level protection is effective.
+//!
+//! Plain file I/O on an injected root rather than cgroups-rs: we only write
+//! two files of cgroups the kubelet (or the runtime) already created, and an
+//! injectable root lets every test run on a temp directory.
+//!
+//! Crash-safe by construction: targets are derived from the runtime's view
+//! (rebuilt on every Synchronize) and current values are read back from the
+//! tree, so a restart computes the same writes; writes are idempotent and a
+//! failed one is retried on the next event or tick.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tracing::{debug, info, warn};
+
+use super::layout::{pod_cgroups, PodCgroups};
+use super::plan::{self, PodProtection, Protection, Write};
+use crate::nri::plugin::Registry;
+
+/// `[hierarchy]` in `config/nri-qos.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct HierarchyConfig {
+    /// Keep pod/QoS/kubepods protection in line with the containers' own.
+    pub enabled: bool,
+    /// Never protect more than this share of (MemTotal − reserve) in total.
+    pub budget_share: f64,
+    /// Bytes always left unprotected for the system, before the share applies.
+    pub reserve_bytes: u64,
+    /// Re-check the tree this often even without events (retries, drift).
+    pub resync_seconds: u64,
+}
+
+impl Default for HierarchyConfig {
+    fn default() -> Self {
+        HierarchyConfig {
+            enabled: true,
+            budget_share: 0.9,
+            reserve_bytes: 512 << 20,
+            resync_seconds: 30,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum KeeperError {
+    #[error("cannot write {value} to {path}")]
+    Write {
+        path: PathBuf,
+        value: u64,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What one reconcile pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PassReport {
+    pub written: usize,
+    pub failed: usize,
+    /// Cgroups not (yet) on disk: retried next time.
+    pub missing: usize,
+    pub scaled: bool,
+    pub requested: u64,
+    pub budget: u64,
+}
+
+/// Running totals since start (for logs and metrics).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KeeperStats {
+    pub passes: u64,
+    pub writes: u64,
+    pub failed_writes: u64,
+}
+
+/// Writes protection files below `root` (the cgroup v2 mount point).
+pub struct Keeper {
+    root: PathBuf,
+    cfg: HierarchyConfig,
+    mem_total: u64,
+    warned_layouts: HashSet<String>,
+    warned_budget: bool,
+    stats: KeeperStats,
+}
+
+fn read_value(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let t = text.trim();
+    if t == "max" {
+        return Some(u64::MAX);
+    }
+    t.parse().ok()
+}
+
+impl Keeper {
+    pub fn new(root: PathBuf, cfg: HierarchyConfig, mem_total: u64) -> Self {
+        Keeper {
+            root,
+            cfg,
+            mem_total,
+            warned_layouts: HashSet::new(),
+            warned_budget: false,
+            stats: KeeperStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> KeeperStats {
+        self.stats
+    }
+
+    /// Pod protection from the registry; unknown layouts are logged once.
+    pub fn pods_from_registry(&mut self, reg: &Registry) -> Vec<PodProtection> {
+        let mut per_pod: HashMap<&str, (u64, u64)> = HashMap::new();
+        for c in reg.containers.values() {
+            let e = per_pod.entry(c.pod_id.as_str()).or_default();
+            e.0 = e.0.saturating_add(c.memory_min);
+            e.1 = e.1.saturating_add(c.memory_low);
+        }
+        let mut out = Vec::new();
+        for (pod_id, pod) in &reg.pods {
+            let parent = &pod.facts.cgroup_parent;
+            let Some(cgroups) = pod_cgroups(parent) else {
+                if !parent.is_empty() && self.warned_layouts.insert(parent.clone()) {
+                    info!(cgroup_parent = %parent, pod = %pod.facts.name, "not a kubelet cgroup layout; pod-level protection left alone");
+                }
+                continue;
+            };
+            let (min, low) = per_pod.get(pod_id.as_str()).copied().unwrap_or_default();
+            out.push(PodProtection {
+                cgroups,
+                memory_min: min,
+                memory_low: low,
+            });
+        }
+        out
+    }
+
+    fn current(&self, cgroups: &BTreeMap<PathBuf, Protection>) -> BTreeMap<PathBuf, Protection> {
+        cgroups
+            .keys()
+            .map(|cg| {
+                let dir = self.root.join(cg);
+                (
+                    cg.clone(),
+                    Protection {
+                        min: read_value(&dir.join("memory.min")).unwrap_or(0),
+                        low: read_value(&dir.join("memory.low")).unwrap_or(0),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn write(&self, w: &Write) -> Result<(), KeeperError> {
+        let path = self.root.join(&w.cgroup).join(w.file);
+        std::fs::write(&path, w.value.to_string()).map_err(|source| KeeperError::Write {
+            path,
+            value: w.value,
+            source,
+        })
+    }
+
+    /// One pass: compute targets, read what is there, write the difference
+    /// in a safe order. Cgroups that do not exist yet are skipped.
+    pub fn reconcile(&mut self, pods: &[PodProtection]) -> PassReport {
+        let budget = plan::budget(
+            self.mem_total,
+            self.cfg.reserve_bytes,
+            self.cfg.budget_share,
+        );
+        let mut t = plan::targets(pods, budget);
+        // Only cgroups that exist: we never create what the kubelet owns.
+        let mut missing = 0;
+        t.by_cgroup.retain(|cg, _| {
+            let exists = self.root.join(cg).join("memory.min").exists();
+            if !exists {
+                missing += 1;
+            }
+            exists
+        });
+        if t.scaled && !self.warned_budget {
+            warn!(
+                requested = t.requested,
+                budget = t.budget,
+                "memory requests exceed the protection budget; scaling pod and QoS protection down proportionally"
+            );
+            self.warned_budget = true;
+        } else if !t.scaled {
+            self.warned_budget = false;
+        }
+        let current = self.current(&t.by_cgroup);
+        let mut report = PassReport {
+            missing,
+            scaled: t.scaled,
+            requested: t.requested,
+            budget: t.budget,
+            ..Default::default()
+        };
+        for w in plan::ordered_writes(&t.by_cgroup, &current) {
+            match self.write(&w) {
+                Ok(()) => {
+                    debug!(cgroup = %w.cgroup.display(), file = w.file, value = w.value, "protection written");
+                    report.written += 1;
+                }
+                Err(e) => {
+                    warn!(error = %e, "protection write failed; retrying on the next pass");
+                    report.failed += 1;
+                }
+            }
+        }
+        self.stats.passes += 1;
+        self.stats.writes += report.written as u64;
+        self.stats.failed_writes += report.failed as u64;
+        report
+    }
+}
+
+/// Runs the keeper next to the plugin: a pass on every registry change and
+/// every `resync_seconds`. File I/O runs off the NRI handler path.
+pub async fn run(
+    keeper: Keeper,
+    registry: Arc<Mutex<Registry>>,
+    mut changes: tokio::sync::watch::Receiver<u64>,
+    resync: Duration,
+) {
+    let keeper = Arc::new(Mutex::new(keeper));
+    loop {
+        let reg = registry.clone();
+        let k = keeper.clone();
+        let pass = tokio::task::spawn_blocking(move || {
+            let mut k = k.lock().unwrap_or_else(|p| p.into_inner());
+            let pods = {
+                let reg = reg.lock().unwrap_or_else(|p| p.into_inner());
+                k.pods_from_registry(&reg)
+            };
+            k.reconcile(&pods)
+        })
+        .await;
+        match pass {
+            Ok(r) if r.written > 0 || r.failed > 0 => info!(
+                written = r.written,
+                failed = r.failed,
+                missing = r.missing,
+                scaled = r.scaled,
+                "pod and QoS cgroup protection updated"
+            ),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "hierarchy pass did not finish"),
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(resync) => {}
+        }
+    }
+}
+
+/// For tests and `audit`: the pod cgroups a registry implies.
+pub fn layouts(reg: &Registry) -> Vec<PodCgroups> {
+    reg.pods
+        .values()
+        .filter_map(|p| pod_cgroups(&p.facts.cgroup_parent))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nri::plugin::{ContainerRecord, PodRecord};
+    use crate::qos::{PodFacts, QosClass};
+
+    fn tree(root: &Path, dirs: &[&str]) {
+        for d in dirs {
+            let p = root.join(d);
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("memory.min"), "0\n").unwrap();
+            std::fs::write(p.join("memory.low"), "0\n").unwrap();
+        }
+    }
+
+    fn read(root: &Path, cg: &str, file: &str) -> u64 {
+        read_value(&root.join(cg).join(file)).unwrap()
+    }
+
+    fn registry(entries: &[(&str, &str, u64, u64)]) -> Registry {
+        let mut reg = Registry::default();
+        for (i, (pod, parent, min, low)) in entries.iter().enumerate() {
+            reg.pods.insert(
+                pod.to_string(),
+                PodRecord {
+                    id: pod.to_string(),
+                    facts: PodFacts {
+                        name: pod.to_string(),
+                        cgroup_parent: parent.to_string(),
+                        ..Default::default()
+                    },
+                },
+            );
+            reg.containers.insert(
+                format!("c{i}"),
+                ContainerRecord {
+                    id: format!("c{i}"),
+                    pod_id: pod.to_string(),
+                    name: format!("c{i}"),
+                    class: QosClass::Burstable,
+                    memory_request: None,
+                    memory_min: *min,
+                    memory_low: *low,
+                    oom_score_adj: None,
+                    cgroups_path: String::new(),
+                },
+            );
+        }
+        reg
+    }
+
+    #[test]
+    fn cgroupfs_tree_gets_sums_and_removal_lowers_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(
+            root,
+            &[
+                "kubepods",
+                "kubepods/burstable",
+                "kubepods/besteffort",
+                "kubepods/poda",
+                "kubepods/burstable/podb",
+            ],
+        );
+        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let mut reg = registry(&[
+            ("a", "/kubepods/poda", 1 << 30, 0),
+            ("b", "/kubepods/burstable/podb", 0, 256 << 20),
+            ("b", "/kubepods/burstable/podb", 0, 256 << 20),
+        ]);
+        let pods = k.pods_from_registry(&reg);
+        let r = k.reconcile(&pods);
+        assert_eq!(r.failed, 0);
+        assert_eq!(read(root, "kubepods", "memory.min"), 1 << 30);
+        assert_eq!(read(root, "kubepods", "memory.low"), 512 << 20);
+        assert_eq!(read(root, "kubepods/burstable", "memory.low"), 512 << 20);
+        assert_eq!(
+            read(root, "kubepods/burstable/podb", "memory.low"),
+            512 << 20
+        );
+        assert_eq!(read(root, "kubepods/poda", "memory.min"), 1 << 30);
+
+        // A second pass changes nothing (idempotent).
+        let r = k.reconcile(&pods);
+        assert_eq!(r.written, 0);
+
+        // Pod a goes away: its protection leaves kubepods too.
+        reg.pods.remove("a");
+        reg.containers.retain(|_, c| c.pod_id != "a");
+        let pods = k.pods_from_registry(&reg);
+        k.reconcile(&pods);
+        assert_eq!(read(root, "kubepods", "memory.min"), 0);
+        assert_eq!(read(root, "kubepods", "memory.low"), 512 << 20);
+    }
+
+    #[test]
+    fn systemd_tree_and_restart_recompute_the_same_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(
+            root,
+            &[
+                "kubepods.slice",
+                "kubepods.slice/kubepods-burstable.slice",
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice",
+            ],
+        );
+        let reg = registry(&[("x", "kubepods-burstable-podx.slice", 0, 100 << 20)]);
+        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let pods = k.pods_from_registry(&reg);
+        k.reconcile(&pods);
+        assert_eq!(read(root, "kubepods.slice", "memory.low"), 100 << 20);
+        // A new keeper (plugin restart) finds nothing to do.
+        let mut k2 = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let pods = k2.pods_from_registry(&reg);
+        assert_eq!(k2.reconcile(&pods).written, 0);
+    }
+
+    #[test]
+    fn missing_cgroups_and_unknown_layouts_are_skipped_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(root, &["kubepods"]);
+        let reg = registry(&[
+            ("a", "/kubepods/burstable/poda", 0, 10),
+            ("b", "/my/custom/parent", 0, 10),
+        ]);
+        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let pods = k.pods_from_registry(&reg);
+        assert_eq!(pods.len(), 1);
+        let r = k.reconcile(&pods);
+        assert_eq!(r.missing, 2);
+        assert!(!root.join("kubepods/burstable").exists());
+        assert_eq!(read(root, "kubepods", "memory.low"), 10);
+    }
+
+    #[test]
+    fn a_failed_write_is_counted_and_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(root, &["kubepods", "kubepods/poda"]);
+        // A directory where the file should be makes the write fail.
+        std::fs::remove_file(root.join("kubepods/poda/memory.low")).unwrap();
+        std::fs::create_dir(root.join("kubepods/poda/memory.low")).unwrap();
+        let reg = registry(&[("a", "/kubepods/poda", 0, 10)]);
+        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let pods = k.pods_from_registry(&reg);
+        assert_eq!(k.reconcile(&pods).failed, 1);
+        std::fs::remove_dir(root.join("kubepods/poda/memory.low")).unwrap();
+        std::fs::write(root.join("kubepods/poda/memory.low"), "0").unwrap();
+        let r = k.reconcile(&pods);
+        assert_eq!(r.failed, 0);
+        assert_eq!(read(root, "kubepods/poda", "memory.low"), 10);
+        assert_eq!(k.stats().failed_writes, 1);
+    }
+
+    #[test]
+    fn budget_caps_the_total() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(root, &["kubepods", "kubepods/poda"]);
+        let reg = registry(&[("a", "/kubepods/poda", 8 << 30, 0)]);
+        let cfg = HierarchyConfig {
+            budget_share: 0.5,
+            reserve_bytes: 0,
+            ..Default::default()
+        };
+        let mut k = Keeper::new(root.to_path_buf(), cfg, 4 << 30);
+        let pods = k.pods_from_registry(&reg);
+        let r = k.reconcile(&pods);
+        assert!(r.scaled);
+        assert_eq!(read(root, "kubepods", "memory.min"), 2 << 30);
+    }
+}

@@ -1,0 +1,297 @@
+//! Pure planning of pod-, QoS- and kubepods-level memory protection.
+//!
+//! The kernel caps a cgroup's effective memory.min/memory.low by what its
+//! parent has, so container-level protection (set by the runtime from our
+//! adjustment) only works when every ancestor carries at least the sum of its
+//! children. The plan sums containers into pods, pods into QoS cgroups and
+//! everything into kubepods, caps the total at a node budget, and orders the
+//! writes so that no child ever exceeds its parent during the change.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::layout::PodCgroups;
+
+/// Protection one pod's containers ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodProtection {
+    pub cgroups: PodCgroups,
+    pub memory_min: u64,
+    pub memory_low: u64,
+}
+
+/// Target memory.min / memory.low for one kubelet-owned cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Protection {
+    pub min: u64,
+    pub low: u64,
+}
+
+/// One file write, relative to the cgroup root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    pub cgroup: PathBuf,
+    pub file: &'static str,
+    pub value: u64,
+}
+
+/// Targets per cgroup and whether the budget had to scale them down.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Targets {
+    pub by_cgroup: BTreeMap<PathBuf, Protection>,
+    /// Requested total (min + low) before scaling, and the budget.
+    pub requested: u64,
+    pub budget: u64,
+    pub scaled: bool,
+}
+
+/// Sums protection up the tree and caps it at `budget` bytes in total.
+/// When the requests exceed the budget every value is scaled down by the same
+/// factor, so the kernel always keeps something it may reclaim.
+pub fn targets(pods: &[PodProtection], budget: u64) -> Targets {
+    let mut by: BTreeMap<PathBuf, Protection> = BTreeMap::new();
+    let mut add = |path: &PathBuf, min: u64, low: u64| {
+        let e = by.entry(path.clone()).or_default();
+        e.min = e.min.saturating_add(min);
+        e.low = e.low.saturating_add(low);
+    };
+    let mut requested: u64 = 0;
+    for p in pods {
+        requested = requested
+            .saturating_add(p.memory_min)
+            .saturating_add(p.memory_low);
+        add(&p.cgroups.pod, p.memory_min, p.memory_low);
+        if let Some(q) = &p.cgroups.qos {
+            add(q, p.memory_min, p.memory_low);
+        }
+        add(&p.cgroups.kubepods, p.memory_min, p.memory_low);
+    }
+    let scaled = requested > budget;
+    if scaled {
+        let scale = |v: u64| -> u64 {
+            // v * budget / requested without overflow; rounds down, so sums stay within the budget.
+            ((v as u128 * budget as u128) / requested.max(1) as u128) as u64
+        };
+        for p in by.values_mut() {
+            p.min = scale(p.min);
+            p.low = scale(p.low);
+        }
+    }
+    Targets {
+        by_cgroup: by,
+        requested,
+        budget,
+        scaled,
+    }
+}
+
+/// Orders the writes that take the tree from `current` to `targets`:
+/// all raises first, parents before children; then all lowerings, children
+/// before parents. At every step each child stays within its parent.
+/// Values already right are skipped (writes are idempotent anyway).
+pub fn ordered_writes(
+    targets: &BTreeMap<PathBuf, Protection>,
+    current: &BTreeMap<PathBuf, Protection>,
+) -> Vec<Write> {
+    let mut raises = Vec::new();
+    let mut lowers = Vec::new();
+    for (cg, want) in targets {
+        let have = current.get(cg).copied().unwrap_or_default();
+        for (file, w, h) in [
+            ("memory.min", want.min, have.min),
+            ("memory.low", want.low, have.low),
+        ] {
+            let write = Write {
+                cgroup: cg.clone(),
+                file,
+                value: w,
+            };
+            if w > h {
+                raises.push(write);
+            } else if w < h {
+                lowers.push(write);
+            }
+        }
+    }
+    let depth = |w: &Write| w.cgroup.components().count();
+    raises.sort_by_key(|w| (depth(w), w.cgroup.clone(), w.file));
+    lowers.sort_by_key(|w| (std::cmp::Reverse(depth(w)), w.cgroup.clone(), w.file));
+    raises.extend(lowers);
+    raises
+}
+
+/// The node budget: `share` of (MemTotal − reserve).
+pub fn budget(mem_total: u64, reserve: u64, share: f64) -> u64 {
+    let share = if share.is_finite() {
+        share.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    (mem_total.saturating_sub(reserve) as f64 * share) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::layout::pod_cgroups;
+    use proptest::prelude::*;
+
+    fn pp(parent: &str, min: u64, low: u64) -> PodProtection {
+        PodProtection {
+            cgroups: pod_cgroups(parent).unwrap(),
+            memory_min: min,
+            memory_low: low,
+        }
+    }
+
+    #[test]
+    fn sums_go_up_the_tree() {
+        let t = targets(
+            &[
+                pp("/kubepods/poda", 100, 0),
+                pp("/kubepods/burstable/podb", 0, 30),
+                pp("/kubepods/burstable/podc", 5, 20),
+                pp("/kubepods/besteffort/podd", 0, 0),
+            ],
+            u64::MAX,
+        );
+        let g = |p: &str| t.by_cgroup[&PathBuf::from(p)];
+        assert_eq!(g("kubepods"), Protection { min: 105, low: 50 });
+        assert_eq!(g("kubepods/burstable"), Protection { min: 5, low: 50 });
+        assert_eq!(g("kubepods/besteffort"), Protection { min: 0, low: 0 });
+        assert_eq!(g("kubepods/poda"), Protection { min: 100, low: 0 });
+        assert!(!t.scaled);
+    }
+
+    #[test]
+    fn budget_scales_everything_down() {
+        let t = targets(
+            &[
+                pp("/kubepods/poda", 600, 0),
+                pp("/kubepods/burstable/podb", 0, 400),
+            ],
+            500,
+        );
+        assert!(t.scaled);
+        let k = t.by_cgroup[&PathBuf::from("kubepods")];
+        assert_eq!(k, Protection { min: 300, low: 200 });
+        assert!(k.min + k.low <= 500);
+    }
+
+    #[test]
+    fn raises_parents_first_and_lowers_children_first() {
+        let mut want = BTreeMap::new();
+        want.insert(PathBuf::from("kubepods"), Protection { min: 10, low: 0 });
+        want.insert(
+            PathBuf::from("kubepods/burstable"),
+            Protection { min: 10, low: 0 },
+        );
+        want.insert(
+            PathBuf::from("kubepods/burstable/poda"),
+            Protection { min: 10, low: 0 },
+        );
+        let writes = ordered_writes(&want, &BTreeMap::new());
+        let order: Vec<_> = writes.iter().map(|w| w.cgroup.clone()).collect();
+        assert_eq!(
+            order,
+            vec![
+                PathBuf::from("kubepods"),
+                PathBuf::from("kubepods/burstable"),
+                PathBuf::from("kubepods/burstable/poda")
+            ]
+        );
+        let zero: BTreeMap<_, _> = want
+            .keys()
+            .map(|k| (k.clone(), Protection::default()))
+            .collect();
+        let writes = ordered_writes(&zero, &want);
+        let order: Vec<_> = writes.iter().map(|w| w.cgroup.clone()).collect();
+        assert_eq!(
+            order,
+            vec![
+                PathBuf::from("kubepods/burstable/poda"),
+                PathBuf::from("kubepods/burstable"),
+                PathBuf::from("kubepods")
+            ]
+        );
+    }
+
+    #[test]
+    fn budget_handles_odd_inputs() {
+        assert_eq!(budget(100, 200, 0.9), 0);
+        assert_eq!(budget(1000, 0, f64::NAN), 0);
+        assert_eq!(budget(1000, 0, 7.0), 1000);
+        assert_eq!(budget(1000, 100, 0.5), 450);
+    }
+
+    fn arb_pods() -> impl Strategy<Value = Vec<PodProtection>> {
+        let parents = prop::sample::select(vec![
+            "/kubepods/pod",
+            "/kubepods/burstable/pod",
+            "/kubepods/besteffort/pod",
+            "kubepods-burstable-pod",
+            "kubepods-pod",
+        ]);
+        prop::collection::vec((parents, 0u32..50, 0u64..(1 << 40), 0u64..(1 << 40)), 0..40)
+            .prop_map(|v| {
+                v.into_iter()
+                    .map(|(p, id, min, low)| {
+                        let parent = if p.starts_with("kubepods-") {
+                            format!("{p}{id}.slice")
+                        } else {
+                            format!("{p}{id}")
+                        };
+                        PodProtection {
+                            cgroups: pod_cgroups(&parent).unwrap(),
+                            memory_min: min,
+                            memory_low: low,
+                        }
+                    })
+                    .collect()
+            })
+    }
+
+    /// Simulates the writes one at a time and checks no child ever has more
+    /// protection than its parent (for min and low separately).
+    fn child_within_parent(state: &BTreeMap<PathBuf, Protection>) -> bool {
+        state.iter().all(|(cg, p)| {
+            let Some(parent) = cg.parent().filter(|p| !p.as_os_str().is_empty()) else {
+                return true;
+            };
+            match state.get(parent) {
+                Some(pp) => p.min <= pp.min && p.low <= pp.low,
+                None => true,
+            }
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+        #[test]
+        fn totals_never_exceed_budget_and_children_never_exceed_parents(
+            before in arb_pods(), after in arb_pods(), budget in 0u64..(1 << 42)
+        ) {
+            let t0 = targets(&before, budget);
+            let t1 = targets(&after, budget);
+            for p in t1.by_cgroup.values() {
+                prop_assert!(p.min.saturating_add(p.low) <= budget);
+            }
+            // Start from the old state (every cgroup of both plans present).
+            let mut state = t0.by_cgroup.clone();
+            let mut goal = t1.by_cgroup.clone();
+            for k in t0.by_cgroup.keys() {
+                goal.entry(k.clone()).or_default();
+            }
+            for k in goal.keys() {
+                state.entry(k.clone()).or_default();
+            }
+            prop_assert!(child_within_parent(&state));
+            for w in ordered_writes(&goal, &state.clone()) {
+                let e = state.get_mut(&w.cgroup).unwrap();
+                if w.file == "memory.min" { e.min = w.value } else { e.low = w.value }
+                prop_assert!(child_within_parent(&state), "after {:?}", w);
+            }
+            prop_assert_eq!(state, goal);
+        }
+    }
+}
