@@ -499,3 +499,57 @@ fn prelaunched_mode_talks_on_fd3_and_exits_when_the_runtime_goes() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[tokio::test]
+async fn drop_in_config_from_configure_is_applied_and_bad_config_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket_in(&dir);
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut plugin = PluginProcess::external(&sock, dir.path(), &[]);
+    // Valid drop-in that turns on dry run: no adjustment comes back.
+    let mut s = accept(&listener, false).await;
+    s.expect_registered().await;
+    s.plugin
+        .configure(
+            ctx(),
+            &api::ConfigureRequest {
+                config: "[plugin]\ndry-run = true\n".into(),
+                request_timeout: 2000,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let p = pod("p", "/kubepods/besteffort/podp");
+    let c = container("c", "p", 2, 0, 0, 1000);
+    let resp = s
+        .plugin
+        .create_container(
+            ctx(),
+            &api::CreateContainerRequest {
+                pod: protobuf::MessageField::some(p.clone()),
+                container: protobuf::MessageField::some(c.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(resp.adjust.is_none() || resp.adjust.linux.is_none());
+    // Garbage drop-in: Configure still succeeds, the plugin keeps serving.
+    let r = s
+        .plugin
+        .configure(
+            ctx(),
+            &api::ConfigureRequest {
+                config: "this is = = not toml [".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.events, EVENTS);
+    assert!(plugin.is_running());
+    assert!(plugin
+        .log_text()
+        .contains("ignoring the runtime's drop-in config"));
+}
