@@ -553,3 +553,30 @@ async fn drop_in_config_from_configure_is_applied_and_bad_config_is_ignored() {
         .log_text()
         .contains("ignoring the runtime's drop-in config"));
 }
+
+#[tokio::test]
+async fn configure_may_arrive_before_the_registration_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket_in(&dir);
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut plugin = PluginProcess::external(&sock, dir.path(), &[]);
+    let (stream, _) = tokio::time::timeout(TIMEOUT, listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut s = attach_with(stream, false, true).await;
+    let cfg = tokio::time::timeout(TIMEOUT, s.configured_first.recv())
+        .await
+        .expect("configure inside RegisterPlugin timed out")
+        .unwrap();
+    assert_eq!(cfg.events, EVENTS);
+    s.expect_registered().await;
+    // The session is fully usable afterwards.
+    let r = s
+        .plugin
+        .synchronize(ctx(), &api::SynchronizeRequest::new())
+        .await
+        .unwrap();
+    assert!(!r.more);
+    assert!(plugin.is_running(), "{}", plugin.log_text());
+}
