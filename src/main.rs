@@ -122,10 +122,17 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
         cfg.plugin.index = id.index;
     }
     cfg.validate()?;
+    let prelaunched = env("NRI_PLUGIN_SOCKET").is_some();
     nri_qos::observability::init(
         &cfg.plugin.log_format,
         &cfg.plugin.log_level,
         cfg.plugin.log_file.as_deref(),
+        // The runtime discards a pre-launched plugin's stderr.
+        if prelaunched {
+            nri_qos::observability::Journal::IfPresent
+        } else {
+            nri_qos::observability::Journal::Off
+        },
     )
     .context("setting up logging")?;
 
