@@ -24,7 +24,7 @@ use crate::cgroup::HierarchyConfig;
 use crate::nri::convert;
 use crate::nri::proto::{api, api_ttrpc};
 use crate::nri::session::{self, Identity, SessionError};
-use crate::qos::{self, NodeFacts, PolicyConfig, QosClass, Resources};
+use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
 /// Every pod and container the runtime knows, from one Synchronize.
 #[derive(Debug, Clone, Default)]
@@ -197,19 +197,6 @@ pub fn systemd_slice_path(slice: &str) -> PathBuf {
     path
 }
 
-/// Resources the runtime applied, overlaid with what the policy wants.
-fn effective(spec: &Resources, adj: &qos::Adjustment) -> Resources {
-    let mut r = spec.clone();
-    r.cpu_shares = adj.cpu_shares.or(r.cpu_shares);
-    r.cpu_quota = adj.cpu_quota.or(r.cpu_quota);
-    r.cpu_period = adj.cpu_period.or(r.cpu_period);
-    r.memory_limit = adj.memory_limit.or(r.memory_limit);
-    for (k, v) in &adj.unified {
-        r.unified.insert(k.clone(), v.clone());
-    }
-    r
-}
-
 fn check(key: &str, expected: String, actual: Option<String>) -> Check {
     let actual = actual.unwrap_or_else(|| "(unreadable)".into());
     Check {
@@ -244,7 +231,7 @@ pub fn audit(
         let pod_facts = convert::pod_from_wire(pod);
         let facts = convert::container_from_wire(c);
         let d = qos::decide(&pod_facts, &facts, node, policy);
-        let eff = effective(&facts.resources, &d.adjustment);
+        let eff = qos::policy::effective(&facts.resources, &d.adjustment);
         let bytes = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok());
         let e = protection.entry(c.pod_sandbox_id.as_str()).or_default();
         e.0 += bytes("memory.min").unwrap_or(0);
