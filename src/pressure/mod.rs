@@ -1,1 +1,917 @@
 //! The node memory-pressure monitor.
+//!
+//! PSI triggers (on `/proc/pressure/memory` and on the kubepods cgroup) wake
+//! the monitor within one trigger window; a low-rate tick covers the rest.
+//! On every wake-up it computes memory.available the kubelet way and feeds
+//! it to a pure state machine ([`decide`]); pressure alone never causes an
+//! action. Victims are whole pods, ranked like the kubelet ([`rank`]),
+//! reclaimed first and killed through `cgroup.kill` ([`act`]).
+//!
+//! All paths are injected ([`Paths`]) so tests run on a temp tree.
+
+pub mod act;
+pub mod cli;
+pub mod config;
+pub mod decide;
+pub mod psi;
+pub mod rank;
+pub mod registry;
+pub mod stat;
+pub mod tree;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+pub use config::MonitorConfig;
+pub use registry::{NoPods, PodInfo, PodRegistry, RequestSource, SharedRegistry};
+
+use act::ProcessOps;
+use decide::{Decider, Plan, Reason, Verdict};
+use rank::{Candidate, RankPolicy, Ranking};
+use stat::ReadError;
+use tree::{Discovery, Driver};
+
+use crate::qos::QosClass;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorError {
+    #[error("config: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error("{path}: no {key}")]
+    Missing { path: PathBuf, key: &'static str },
+    #[error("monitor task failed: {0}")]
+    Task(String),
+}
+
+/// Where the kernel interfaces live. Production: `/sys/fs/cgroup`, `/proc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paths {
+    pub cgroup_root: PathBuf,
+    pub proc_root: PathBuf,
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Paths {
+            cgroup_root: "/sys/fs/cgroup".into(),
+            proc_root: "/proc".into(),
+        }
+    }
+}
+
+impl Paths {
+    pub fn meminfo(&self) -> PathBuf {
+        self.proc_root.join("meminfo")
+    }
+    pub fn node_psi(&self) -> PathBuf {
+        self.proc_root.join("pressure/memory")
+    }
+}
+
+/// Why the monitor woke up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// The periodic check (fast while under pressure, slow when calm).
+    Tick,
+    /// A PSI trigger fired.
+    Psi { source: String },
+    /// A PSI trigger's source went away (POLLERR); it is re-armed later.
+    PsiLost { source: String },
+}
+
+/// Monotonic time since an arbitrary start; injected so tests use a fake clock.
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Duration;
+}
+
+#[derive(Debug)]
+pub struct SystemClock(Instant);
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        SystemClock(Instant::now())
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Duration {
+        self.0.elapsed()
+    }
+}
+
+/// Node memory the kubelet way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeMemory {
+    /// MemTotal (the kubelet's machineInfo.MemoryCapacity).
+    pub capacity: u64,
+    pub working_set: u64,
+    /// capacity − working set.
+    pub available: u64,
+    /// Which formula produced `working_set`.
+    pub source: &'static str,
+}
+
+pub const WS_ROOT_STAT: &str = "root memory.stat anon+file-inactive_file";
+pub const WS_MEMINFO: &str = "meminfo MemTotal-MemFree-Inactive(file)";
+pub const POD_USAGE_SOURCE: &str = "pod memory.current-inactive_file";
+
+/// Measures node memory. Prefers the root cgroup's memory.stat
+/// (`anon + file − inactive_file`, what cAdvisor computes on cgroup v2);
+/// falls back to /proc/meminfo (`MemTotal − MemFree − Inactive(file)`, which
+/// also counts kernel memory as used, so it errs towards acting) when the
+/// root memory.stat is missing or lacks those keys.
+pub fn measure_node(paths: &Paths) -> Result<NodeMemory, MonitorError> {
+    let mi_path = paths.meminfo();
+    let mi = stat::parse_meminfo(&mi_path, &stat::read(&mi_path)?)?;
+    let get = |k: &'static str| {
+        mi.get(k).copied().ok_or(MonitorError::Missing {
+            path: mi_path.clone(),
+            key: k,
+        })
+    };
+    let capacity = get("MemTotal")?;
+    let root_stat = stat::read_flat_keyed(&paths.cgroup_root.join("memory.stat")).ok();
+    let from_root = root_stat.as_ref().and_then(|s| {
+        let (anon, file, inactive) = (s.get("anon")?, s.get("file")?, s.get("inactive_file")?);
+        Some(stat::working_set(anon.saturating_add(*file), *inactive))
+    });
+    let (working_set, source) = match from_root {
+        Some(ws) => (ws, WS_ROOT_STAT),
+        None => {
+            let used = capacity.saturating_sub(get("MemFree")?);
+            (stat::working_set(used, get("Inactive(file)")?), WS_MEMINFO)
+        }
+    };
+    Ok(NodeMemory {
+        capacity,
+        working_set,
+        available: capacity.saturating_sub(working_set),
+        source,
+    })
+}
+
+/// Working set of one cgroup: memory.current − inactive_file.
+pub fn cgroup_working_set(cg: &Path) -> Result<u64, MonitorError> {
+    let cur_path = cg.join("memory.current");
+    let current = stat::read_single(&cur_path)?.ok_or(MonitorError::Missing {
+        path: cur_path,
+        key: "number",
+    })?;
+    let st = stat::read_flat_keyed(&cg.join("memory.stat"))?;
+    Ok(stat::working_set(
+        current,
+        st.get("inactive_file").copied().unwrap_or(0),
+    ))
+}
+
+fn read_u64_or_zero(path: &Path) -> u64 {
+    stat::read_single(path).ok().flatten().unwrap_or(0)
+}
+
+/// memory.min if set, else memory.low, of one cgroup.
+fn min_or_low(cg: &Path) -> u64 {
+    let min = read_u64_or_zero(&cg.join("memory.min"));
+    if min > 0 {
+        min
+    } else {
+        read_u64_or_zero(&cg.join("memory.low"))
+    }
+}
+
+/// Memory request of a pod without plugin metadata, from what the kubelet
+/// wrote into cgroupfs.
+pub fn derive_request(pod: &Path, class: QosClass) -> (u64, RequestSource) {
+    if class == QosClass::BestEffort {
+        return (0, RequestSource::BestEffort);
+    }
+    let children: u64 = std::fs::read_dir(pod)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| min_or_low(&e.path()))
+        .fold(0u64, |a, b| a.saturating_add(b));
+    if children > 0 {
+        return (children, RequestSource::CgroupChildrenMinLow);
+    }
+    let own = min_or_low(pod);
+    if own > 0 {
+        return (own, RequestSource::CgroupPodMinLow);
+    }
+    if class == QosClass::Guaranteed {
+        if let Ok(Some(max)) = stat::read_single(&pod.join("memory.max")) {
+            return (max, RequestSource::CgroupPodMax);
+        }
+    }
+    (0, RequestSource::Unknown)
+}
+
+/// `max` events of the pod cgroup and its direct children (containers hit
+/// their own memory.max there), from memory.events.local.
+fn limit_hits(pod: &Path) -> u64 {
+    let one = |cg: &Path| {
+        stat::read_flat_keyed(&cg.join("memory.events.local"))
+            .ok()
+            .and_then(|m| m.get("max").copied())
+            .unwrap_or(0)
+    };
+    let children: u64 = std::fs::read_dir(pod)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| one(&e.path()))
+        .fold(0u64, |a, b| a.saturating_add(b));
+    one(pod).saturating_add(children)
+}
+
+/// What one step did; tests assert on it, the loop uses `next_check`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    pub verdict: Option<Verdict>,
+    pub node: Option<NodeMemory>,
+    /// UID of the pod killed in this step.
+    pub killed: Option<String>,
+    /// UID dry-run would have killed.
+    pub would_kill: Option<String>,
+    /// UIDs whose memory.reclaim was written (or would be, in dry-run).
+    pub reclaimed: Vec<String>,
+    /// Pods whose own memory.max explains a PSI wake-up.
+    pub limit_bound: Vec<String>,
+    pub next_check: Duration,
+}
+
+#[derive(Debug, Clone)]
+struct Victim {
+    uid: String,
+    path: PathBuf,
+    since: Duration,
+}
+
+/// Bound on pods considered per scan (bounded memory and time).
+const MAX_PODS: usize = 4096;
+
+/// The monitor's state between wake-ups. `step` does synchronous I/O; the
+/// async loop runs it on the blocking pool.
+pub struct Monitor {
+    cfg: MonitorConfig,
+    paths: Paths,
+    pods: Arc<dyn PodRegistry>,
+    ops: Arc<dyn ProcessOps>,
+    decider: Decider,
+    policy: RankPolicy,
+    discovery: Discovery,
+    victim: Option<Victim>,
+    /// Last seen memory.events.local `max` per pod cgroup.
+    limit_seen: HashMap<PathBuf, u64>,
+    /// Original memory.high of BestEffort pods we lowered.
+    lowered_high: HashMap<PathBuf, String>,
+    mrelease: bool,
+    last_psi_note: Option<Duration>,
+}
+
+impl Monitor {
+    pub fn new(
+        cfg: MonitorConfig,
+        paths: Paths,
+        pods: Arc<dyn PodRegistry>,
+        ops: Arc<dyn ProcessOps>,
+    ) -> Self {
+        let policy = RankPolicy {
+            critical_namespaces: cfg.critical_namespaces.clone(),
+            critical_priority: cfg.critical_priority,
+            require_pod_info: cfg.require_pod_info,
+        };
+        Monitor {
+            decider: Decider::new((&cfg).into()),
+            mrelease: cfg.mrelease,
+            cfg,
+            paths,
+            pods,
+            ops,
+            policy,
+            discovery: Discovery::default(),
+            victim: None,
+            limit_seen: HashMap::new(),
+            lowered_high: HashMap::new(),
+            last_psi_note: None,
+        }
+    }
+
+    pub fn kubepods(&self) -> Option<(PathBuf, Driver)> {
+        tree::find_kubepods(&self.paths.cgroup_root, &self.cfg.kubepods)
+    }
+
+    /// Every pod under kubepods with its numbers, in UID order.
+    pub fn candidates(&mut self) -> Vec<Candidate> {
+        let Some((kp, driver)) = self.kubepods() else {
+            tracing::warn!(root = %self.paths.cgroup_root.display(), kubepods = %self.cfg.kubepods, "kubepods cgroup not found");
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for pod in self.discovery.scan(&kp, driver).into_iter().take(MAX_PODS) {
+            let ws = match cgroup_working_set(&pod.path) {
+                Ok(ws) => ws,
+                Err(e) => {
+                    // Usually a pod that just went away.
+                    tracing::debug!(pod = %pod.uid, error = %e, "skipping pod without stats");
+                    continue;
+                }
+            };
+            let info = self.pods.get(&pod.uid);
+            let (class, class_source) = match info.as_ref().and_then(|i| i.class) {
+                Some(c) => (c, "registry"),
+                None => (pod.class, "cgroup-path"),
+            };
+            let (request, request_source) = match info
+                .as_ref()
+                .and_then(|i| i.memory_request.map(|r| (r, i.request_source)))
+            {
+                Some(r) => r,
+                None => derive_request(&pod.path, class),
+            };
+            out.push(Candidate {
+                namespace: info.as_ref().map(|i| i.namespace.clone()),
+                name: info.as_ref().map(|i| i.name.clone()),
+                priority: info.as_ref().and_then(|i| i.priority),
+                uid: pod.uid,
+                class,
+                class_source,
+                working_set: ws,
+                request,
+                request_source,
+                pause_only: act::pause_only(&pod.path, &self.paths.proc_root),
+                path: pod.path,
+            });
+        }
+        out
+    }
+
+    /// Measures and ranks without acting (for `--once` and for tests).
+    pub fn snapshot(&mut self) -> Result<(NodeMemory, Vec<Candidate>, Ranking), MonitorError> {
+        let node = measure_node(&self.paths)?;
+        let cands = self.candidates();
+        let ranking = rank::rank(&cands, &self.policy);
+        Ok((node, cands, ranking))
+    }
+
+    fn psi_fields(&self) -> (String, String) {
+        let show = |p: Result<psi::Psi, ReadError>| match p {
+            Ok(p) => format!(
+                "some10={:.2} full10={:.2}",
+                p.some.avg10,
+                p.full.map_or(0.0, |f| f.avg10)
+            ),
+            Err(_) => "n/a".into(),
+        };
+        let node = show(psi::read(&self.paths.node_psi()));
+        let kp = match self.kubepods() {
+            Some((kp, _)) => show(psi::read(&kp.join("memory.pressure"))),
+            None => "n/a".into(),
+        };
+        (node, kp)
+    }
+
+    pub fn step(&mut self, wake: &Wake, now: Duration) -> StepReport {
+        let mut report = StepReport {
+            verdict: None,
+            node: None,
+            killed: None,
+            would_kill: None,
+            reclaimed: Vec::new(),
+            limit_bound: Vec::new(),
+            next_check: self.cfg.pressure_interval.0,
+        };
+
+        if let Some(v) = &self.victim {
+            if !act::populated(&v.path) {
+                tracing::info!(victim = %v.uid, took_ms = now.saturating_sub(v.since).as_millis() as u64, "victim pod cgroup is empty");
+                self.decider.kill_finished(now);
+                self.victim = None;
+            }
+        }
+
+        let node = match measure_node(&self.paths) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot measure node memory");
+                return report;
+            }
+        };
+        report.node = Some(node);
+        let verdict = self.decider.observe(now, node.available, node.capacity);
+        report.verdict = Some(verdict);
+        if verdict.kill_timed_out {
+            if let Some(v) = self.victim.take() {
+                tracing::warn!(victim = %v.uid, path = %v.path.display(), "victim cgroup still populated after kill-timeout; deciding again");
+            }
+        }
+
+        match verdict.plan {
+            Plan::Calm => {
+                if matches!(wake, Wake::Psi { .. }) {
+                    self.explain_psi(wake, now, &node, &verdict, &mut report);
+                }
+            }
+            Plan::Watch | Plan::Hold(_) => {
+                tracing::debug!(plan = ?verdict.plan, available = node.available, "holding");
+            }
+            Plan::Reclaim { deficit } => {
+                let cands = self.candidates();
+                let ranking = rank::rank(&cands, &self.policy);
+                self.log_decision("reclaim", wake, &node, &verdict, &cands, &ranking);
+                self.reclaim_top(deficit, &cands, &ranking, &mut report);
+                self.lower_besteffort_high(&cands, &ranking);
+            }
+            Plan::Evict { reason, deficit } => {
+                self.evict(wake, now, node, verdict, reason, deficit, &mut report)
+            }
+        }
+
+        if !self.decider.pressure() && !self.lowered_high.is_empty() {
+            self.restore_high();
+        }
+        if !self.decider.busy() {
+            report.next_check = self.cfg.check_interval.0;
+        }
+        report
+    }
+
+    fn ranking_brief(cands: &[Candidate], ranking: &Ranking) -> String {
+        ranking
+            .order
+            .iter()
+            .take(5)
+            .enumerate()
+            .map(|(n, &i)| format!("#{} {}", n + 1, cands[i].brief()))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    fn log_decision(
+        &self,
+        what: &str,
+        wake: &Wake,
+        node: &NodeMemory,
+        v: &Verdict,
+        cands: &[Candidate],
+        ranking: &Ranking,
+    ) {
+        let (psi_node, psi_kubepods) = self.psi_fields();
+        tracing::warn!(
+            action = what,
+            wake = ?wake,
+            available = node.available,
+            capacity = node.capacity,
+            working_set = node.working_set,
+            ws_source = node.source,
+            hard_threshold = v.hard,
+            soft_threshold = v.soft,
+            hard_met = v.hard_met,
+            soft_met = v.soft_met,
+            psi_node = %psi_node,
+            psi_kubepods = %psi_kubepods,
+            candidates = ranking.order.len(),
+            excluded = ranking.excluded.len(),
+            usage_source = POD_USAGE_SOURCE,
+            ranking = %Self::ranking_brief(cands, ranking),
+            dry_run = self.cfg.dry_run,
+            "memory pressure decision"
+        );
+    }
+
+    fn reclaim_top(
+        &self,
+        deficit: u64,
+        cands: &[Candidate],
+        ranking: &Ranking,
+        report: &mut StepReport,
+    ) {
+        if !self.cfg.reclaim || ranking.order.is_empty() {
+            return;
+        }
+        let top: Vec<&Candidate> = ranking
+            .order
+            .iter()
+            .take(self.cfg.reclaim_top_n.max(1))
+            .map(|&i| &cands[i])
+            .collect();
+        let each = deficit.div_ceil(top.len() as u64).max(4096);
+        for c in top {
+            report.reclaimed.push(c.uid.clone());
+            if self.cfg.dry_run {
+                tracing::info!(pod = %c.uid, bytes = each, "dry-run: would write memory.reclaim");
+                continue;
+            }
+            let t = Instant::now();
+            match act::reclaim(&c.path, each) {
+                Ok(outcome) => {
+                    tracing::info!(pod = %c.uid, bytes = each, ?outcome, took_us = t.elapsed().as_micros() as u64, "memory.reclaim")
+                }
+                Err(e) => tracing::warn!(pod = %c.uid, error = %e, "memory.reclaim failed"),
+            }
+        }
+    }
+
+    fn lower_besteffort_high(&mut self, cands: &[Candidate], ranking: &Ranking) {
+        let factor = self.cfg.besteffort_memory_high_factor;
+        if factor <= 0.0 {
+            return;
+        }
+        for &i in ranking.order.iter().take(self.cfg.reclaim_top_n.max(1)) {
+            let c = &cands[i];
+            if c.class != QosClass::BestEffort || self.lowered_high.contains_key(&c.path) {
+                continue;
+            }
+            let high = ((c.working_set as f64 * factor) as u64 / 4096 * 4096).max(4096);
+            let path = c.path.join("memory.high");
+            let original = stat::read(&path)
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "max".into());
+            if self.cfg.dry_run {
+                tracing::info!(pod = %c.uid, high, "dry-run: would lower memory.high");
+                continue;
+            }
+            match act::write_file(&path, &high.to_string()) {
+                Ok(()) => {
+                    tracing::info!(pod = %c.uid, high, original = %original, "lowered memory.high until pressure ends");
+                    self.lowered_high.insert(c.path.clone(), original);
+                }
+                Err(e) => tracing::warn!(pod = %c.uid, error = %e, "cannot lower memory.high"),
+            }
+        }
+    }
+
+    fn restore_high(&mut self) {
+        for (cg, original) in self.lowered_high.drain() {
+            if let Err(e) = act::write_file(&cg.join("memory.high"), &original) {
+                tracing::debug!(error = %e, "cannot restore memory.high (pod gone?)");
+            } else {
+                tracing::info!(path = %cg.display(), high = %original, "restored memory.high");
+            }
+        }
+    }
+
+    /// PSI fired but no threshold is met: say why we are not acting, naming
+    /// pods that hit their own memory.max since last time.
+    fn explain_psi(
+        &mut self,
+        wake: &Wake,
+        now: Duration,
+        node: &NodeMemory,
+        v: &Verdict,
+        report: &mut StepReport,
+    ) {
+        let mut seen = HashMap::new();
+        if let Some((kp, driver)) = self.kubepods() {
+            for pod in self.discovery.scan(&kp, driver).into_iter().take(MAX_PODS) {
+                let hits = limit_hits(&pod.path);
+                let before = self.limit_seen.get(&pod.path).copied().unwrap_or(0);
+                if hits > before {
+                    report
+                        .limit_bound
+                        .push(format!("{}(+{})", pod.uid, hits - before));
+                }
+                seen.insert(pod.path, hits);
+            }
+        }
+        // Keeps only pods that still exist: bounded by the pod count.
+        self.limit_seen = seen;
+        let quiet = self
+            .last_psi_note
+            .is_some_and(|t| now.saturating_sub(t) < self.cfg.transition_period.0);
+        if quiet {
+            return;
+        }
+        self.last_psi_note = Some(now);
+        let (psi_node, psi_kubepods) = self.psi_fields();
+        tracing::info!(
+            wake = ?wake,
+            available = node.available,
+            ws_source = node.source,
+            hard_threshold = v.hard,
+            soft_threshold = v.soft,
+            psi_node = %psi_node,
+            psi_kubepods = %psi_kubepods,
+            limit_bound = %report.limit_bound.join(","),
+            "memory pressure without node shortage: not acting"
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn evict(
+        &mut self,
+        wake: &Wake,
+        now: Duration,
+        node: NodeMemory,
+        v: Verdict,
+        reason: Reason,
+        deficit: u64,
+        report: &mut StepReport,
+    ) {
+        let cands = self.candidates();
+        let ranking = rank::rank(&cands, &self.policy);
+        self.log_decision(
+            if reason == Reason::Hard {
+                "evict-hard"
+            } else {
+                "evict-soft"
+            },
+            wake,
+            &node,
+            &v,
+            &cands,
+            &ranking,
+        );
+        let Some(&top) = ranking.order.first() else {
+            tracing::error!(
+                excluded = ranking.excluded.len(),
+                "memory pressure but no eviction candidate"
+            );
+            return;
+        };
+        if self.cfg.reclaim {
+            self.reclaim_top(deficit, &cands, &ranking, report);
+        }
+        // Recheck right before the kill, on fresh numbers.
+        let fresh = match measure_node(&self.paths) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot re-measure before kill; not killing");
+                return;
+            }
+        };
+        if !self
+            .decider
+            .still_warranted(now, fresh.available, fresh.capacity)
+        {
+            tracing::info!(
+                available = fresh.available,
+                before = node.available,
+                "recheck: threshold clear, no kill"
+            );
+            return;
+        }
+        let victim = &cands[top];
+        if !act::populated(&victim.path) {
+            tracing::info!(pod = %victim.uid, "recheck: victim already empty, deciding again");
+            return;
+        }
+        tracing::warn!(
+            victim = %victim.uid,
+            namespace = victim.namespace.as_deref().unwrap_or("?"),
+            name = victim.name.as_deref().unwrap_or("?"),
+            class = ?victim.class,
+            class_source = victim.class_source,
+            working_set = victim.working_set,
+            usage_source = POD_USAGE_SOURCE,
+            request = victim.request,
+            request_source = %victim.request_source,
+            priority = victim.priority.unwrap_or(0),
+            exceeds_request = victim.exceeds_request(),
+            reason = ?reason,
+            available = fresh.available,
+            ws_source = fresh.source,
+            path = %victim.path.display(),
+            dry_run = self.cfg.dry_run,
+            "killing pod"
+        );
+        if self.cfg.dry_run {
+            report.would_kill = Some(victim.uid.clone());
+            // Behave as if it finished at once, so dry-run logs once per cooldown.
+            self.decider.kill_started(now);
+            self.decider.kill_finished(now);
+            return;
+        }
+        let t = Instant::now();
+        match act::kill_pod(&victim.path, self.ops.as_ref(), self.mrelease) {
+            Ok(r) => {
+                if r.mrelease_unsupported {
+                    tracing::info!("process_mrelease unsupported by this kernel; not trying again");
+                    self.mrelease = false;
+                }
+                tracing::warn!(victim = %victim.uid, method = ?r.method, pids = r.pids, mreleased = r.mreleased, took_us = t.elapsed().as_micros() as u64, "killed pod");
+                report.killed = Some(victim.uid.clone());
+                self.decider.kill_started(now);
+                self.victim = Some(Victim {
+                    uid: victim.uid.clone(),
+                    path: victim.path.clone(),
+                    since: now,
+                });
+            }
+            Err(e) => {
+                tracing::error!(victim = %victim.uid, error = %e, "kill failed");
+                // Cool down anyway so a broken cgroup is not hammered.
+                self.decider.kill_started(now);
+                self.decider.kill_finished(now);
+            }
+        }
+    }
+}
+
+/// One PSI trigger target and whether it is armed.
+struct TriggerTarget {
+    label: String,
+    path: PathBuf,
+    armed: bool,
+    /// Not pollable (a plain file in a fake tree): do not retry.
+    given_up: bool,
+    /// A failure was logged at warn level already; later ones go to debug.
+    warned: bool,
+}
+
+/// Armed PSI triggers; each watcher task holds its fd.
+struct Triggers {
+    targets: Vec<TriggerTarget>,
+    triggers: Vec<psi::Trigger>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tx: mpsc::Sender<Wake>,
+}
+
+impl Triggers {
+    fn new(
+        cfg: &MonitorConfig,
+        paths: &Paths,
+        kubepods: Option<PathBuf>,
+        tx: mpsc::Sender<Wake>,
+    ) -> Self {
+        let mut targets = Vec::new();
+        if cfg.psi_node {
+            targets.push(TriggerTarget {
+                label: "node".into(),
+                path: paths.node_psi(),
+                armed: false,
+                given_up: false,
+                warned: false,
+            });
+        }
+        if cfg.psi_kubepods {
+            if let Some(kp) = kubepods {
+                targets.push(TriggerTarget {
+                    label: "kubepods".into(),
+                    path: kp.join("memory.pressure"),
+                    armed: false,
+                    given_up: false,
+                    warned: false,
+                });
+            }
+        }
+        // validate() already checked every trigger string.
+        let triggers = cfg
+            .psi_triggers
+            .iter()
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        Triggers {
+            targets,
+            triggers,
+            tasks: Vec::new(),
+            tx,
+        }
+    }
+
+    /// Arms every target not armed yet. One fd per trigger per target.
+    fn arm(&mut self) {
+        for t in self.targets.iter_mut().filter(|t| !t.armed && !t.given_up) {
+            let mut all = true;
+            for trig in &self.triggers {
+                let label = format!("{}:{trig}", t.label);
+                match psi::arm(&t.path, trig) {
+                    Ok(f) => match psi::watch(label.clone(), f, self.tx.clone()) {
+                        Ok(h) => self.tasks.push(h),
+                        Err(e) => {
+                            tracing::warn!(trigger = %label, path = %t.path.display(), error = %e, "psi file not pollable (not a PSI file?); relying on check-interval");
+                            t.given_up = true;
+                            all = false;
+                            break;
+                        }
+                    },
+                    Err(e) => {
+                        if t.warned {
+                            tracing::debug!(trigger = %label, error = %e, "cannot arm psi trigger");
+                        } else {
+                            tracing::warn!(trigger = %label, error = %e, "cannot arm psi trigger; relying on check-interval, retrying on ticks");
+                            t.warned = true;
+                        }
+                        all = false;
+                        break;
+                    }
+                }
+            }
+            t.armed = all;
+            if all {
+                tracing::info!(target = %t.label, path = %t.path.display(), triggers = ?self.triggers.iter().map(|x| x.to_string()).collect::<Vec<_>>(), "psi triggers armed");
+            }
+        }
+    }
+
+    fn lost(&mut self, source: &str) {
+        let label = source.split(':').next().unwrap_or(source);
+        for t in self.targets.iter_mut().filter(|t| t.label == label) {
+            tracing::warn!(target = %t.label, "psi trigger source lost; re-arming on next tick");
+            t.armed = false;
+        }
+    }
+}
+
+impl Drop for Triggers {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Runs the monitor until the future is dropped. Entry point for both the
+/// `nri-qos monitor` subcommand and the plugin process.
+pub async fn run(
+    cfg: MonitorConfig,
+    paths: Paths,
+    pods: Arc<dyn PodRegistry>,
+) -> Result<(), MonitorError> {
+    run_with(
+        cfg,
+        paths,
+        pods,
+        Arc::new(act::Syscalls),
+        Arc::new(SystemClock::default()),
+    )
+    .await
+}
+
+/// `run` with the process syscalls and the clock injected.
+pub async fn run_with(
+    cfg: MonitorConfig,
+    paths: Paths,
+    pods: Arc<dyn PodRegistry>,
+    ops: Arc<dyn ProcessOps>,
+    clock: Arc<dyn Clock>,
+) -> Result<(), MonitorError> {
+    cfg.validate()?;
+    let (tx, rx) = mpsc::channel(16);
+    let monitor = Monitor::new(cfg.clone(), paths.clone(), pods, ops);
+    let mut triggers = Triggers::new(&cfg, &paths, monitor.kubepods().map(|k| k.0), tx);
+    triggers.arm();
+    tracing::info!(
+        cgroup_root = %paths.cgroup_root.display(),
+        proc_root = %paths.proc_root.display(),
+        kubepods = ?monitor.kubepods(),
+        hard = %cfg.hard_threshold,
+        soft = %cfg.soft_threshold,
+        dry_run = cfg.dry_run,
+        "memory-pressure monitor started"
+    );
+    drive(monitor, rx, clock, Some(triggers)).await
+}
+
+/// The loop: wait for a wake-up or the next check, then step. Public so
+/// tests (and embedders with their own wake-ups) can drive a monitor.
+async fn drive(
+    mut monitor: Monitor,
+    mut rx: mpsc::Receiver<Wake>,
+    clock: Arc<dyn Clock>,
+    mut triggers: Option<Triggers>,
+) -> Result<(), MonitorError> {
+    let mut next = Duration::ZERO;
+    loop {
+        let wake = match tokio::time::timeout(next, rx.recv()).await {
+            Ok(Some(w)) => w,
+            Ok(None) => return Ok(()),
+            Err(_) => Wake::Tick,
+        };
+        if let Some(t) = triggers.as_mut() {
+            match &wake {
+                Wake::PsiLost { source } => t.lost(source),
+                Wake::Tick => t.arm(),
+                Wake::Psi { .. } => {}
+            }
+        }
+        let now = clock.now();
+        let (m, report) = tokio::task::spawn_blocking(move || {
+            let r = monitor.step(&wake, now);
+            (monitor, r)
+        })
+        .await
+        .map_err(|e| MonitorError::Task(e.to_string()))?;
+        monitor = m;
+        next = report.next_check;
+    }
+}
+
+/// Drives a monitor from an injected channel of wake-ups until it closes.
+pub async fn drive_with(
+    monitor: Monitor,
+    rx: mpsc::Receiver<Wake>,
+    clock: Arc<dyn Clock>,
+) -> Result<(), MonitorError> {
+    drive(monitor, rx, clock, None).await
+}
+
+#[cfg(test)]
+mod tests;
