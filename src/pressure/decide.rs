@@ -92,6 +92,8 @@ pub struct Decider {
     soft_met: bool,
     soft_since: Option<Duration>,
     last_met: Option<Duration>,
+    /// Start of the current episode with a threshold met (for latency logs).
+    met_since: Option<Duration>,
     pressure: bool,
     in_flight_since: Option<Duration>,
     cooldown_until: Option<Duration>,
@@ -117,6 +119,7 @@ impl Decider {
             soft_met: false,
             soft_since: None,
             last_met: None,
+            met_since: None,
             pressure: false,
             in_flight_since: None,
             cooldown_until: None,
@@ -126,6 +129,11 @@ impl Decider {
 
     pub fn pressure(&self) -> bool {
         self.pressure
+    }
+
+    /// When the current threshold-met episode began.
+    pub fn met_since(&self) -> Option<Duration> {
+        self.met_since
     }
 
     pub fn in_flight(&self) -> bool {
@@ -157,14 +165,15 @@ impl Decider {
         self.soft_met = soft_now;
 
         if self.hard_met || self.soft_met {
+            self.met_since.get_or_insert(now);
             self.last_met = Some(now);
             self.pressure = true;
-        } else if self.pressure
-            && self
-                .last_met
-                .is_none_or(|t| now.saturating_sub(t) >= self.cfg.transition)
-        {
-            self.pressure = false;
+        } else {
+            self.met_since = None;
+            let quiet_for = self.last_met.map(|t| now.saturating_sub(t));
+            if self.pressure && quiet_for.is_none_or(|q| q >= self.cfg.transition) {
+                self.pressure = false;
+            }
         }
 
         let mut v = Verdict {

@@ -85,6 +85,16 @@ pub enum Wake {
     PsiLost { source: String },
 }
 
+impl std::fmt::Display for Wake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Wake::Tick => f.write_str("tick"),
+            Wake::Psi { source } => write!(f, "psi:{source}"),
+            Wake::PsiLost { source } => write!(f, "psi-lost:{source}"),
+        }
+    }
+}
+
 /// Monotonic time since an arbitrary start; injected so tests use a fake clock.
 pub trait Clock: Send + Sync {
     fn now(&self) -> Duration;
@@ -274,6 +284,12 @@ pub struct Monitor {
     lowered_high: HashMap<PathBuf, String>,
     mrelease: bool,
     last_psi_note: Option<Duration>,
+    /// When the current step began, for the wake-to-kill latency log.
+    step_started: Instant,
+    /// After a PSI wake-up, keep checking fast for one trigger window (as
+    /// lmkd does): memory may keep falling without another event.
+    psi_followup: Duration,
+    fast_until: Option<Duration>,
 }
 
 impl Monitor {
@@ -288,7 +304,16 @@ impl Monitor {
             critical_priority: cfg.critical_priority,
             require_pod_info: cfg.require_pod_info,
         };
+        let psi_followup = cfg
+            .psi_triggers
+            .iter()
+            .filter_map(|t| t.parse::<psi::Trigger>().ok())
+            .map(|t| Duration::from_micros(t.window_us))
+            .max()
+            .unwrap_or(Duration::from_secs(1));
         Monitor {
+            psi_followup,
+            fast_until: None,
             decider: Decider::new((&cfg).into()),
             mrelease: cfg.mrelease,
             cfg,
@@ -301,6 +326,7 @@ impl Monitor {
             limit_seen: HashMap::new(),
             lowered_high: HashMap::new(),
             last_psi_note: None,
+            step_started: Instant::now(),
         }
     }
 
@@ -379,6 +405,10 @@ impl Monitor {
     }
 
     pub fn step(&mut self, wake: &Wake, now: Duration) -> StepReport {
+        self.step_started = Instant::now();
+        if matches!(wake, Wake::Psi { .. }) {
+            self.fast_until = Some(now + self.psi_followup);
+        }
         let mut report = StepReport {
             verdict: None,
             node: None,
@@ -437,7 +467,8 @@ impl Monitor {
         if !self.decider.pressure() && !self.lowered_high.is_empty() {
             self.restore_high();
         }
-        if !self.decider.busy() {
+        let following_psi = self.fast_until.is_some_and(|t| now < t);
+        if !self.decider.busy() && !following_psi {
             report.next_check = self.cfg.check_interval.0;
         }
         report
@@ -466,7 +497,7 @@ impl Monitor {
         let (psi_node, psi_kubepods) = self.psi_fields();
         tracing::warn!(
             action = what,
-            wake = ?wake,
+            wake = %wake,
             available = node.available,
             capacity = node.capacity,
             working_set = node.working_set,
@@ -592,7 +623,7 @@ impl Monitor {
         self.last_psi_note = Some(now);
         let (psi_node, psi_kubepods) = self.psi_fields();
         tracing::info!(
-            wake = ?wake,
+            wake = %wake,
             available = node.available,
             ws_source = node.source,
             hard_threshold = v.hard,
@@ -696,7 +727,20 @@ impl Monitor {
                     tracing::info!("process_mrelease unsupported by this kernel; not trying again");
                     self.mrelease = false;
                 }
-                tracing::warn!(victim = %victim.uid, method = ?r.method, pids = r.pids, mreleased = r.mreleased, took_us = t.elapsed().as_micros() as u64, "killed pod");
+                tracing::warn!(
+                    victim = %victim.uid,
+                    method = ?r.method,
+                    pids = r.pids,
+                    mreleased = r.mreleased,
+                    kill_us = t.elapsed().as_micros() as u64,
+                    wake_to_kill_us = self.step_started.elapsed().as_micros() as u64,
+                    met_to_kill_ms = self
+                        .decider
+                        .met_since()
+                        .map_or(0, |m| now.saturating_sub(m).as_millis() as u64),
+                    wake = %wake,
+                    "killed pod"
+                );
                 report.killed = Some(victim.uid.clone());
                 self.decider.kill_started(now);
                 self.victim = Some(Victim {

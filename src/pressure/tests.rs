@@ -215,7 +215,8 @@ fn pressure_single_pod_at_own_limit_evicts_nothing() {
     assert!(!killed(&hog) && !killed(&other));
     assert_eq!(fs::read_to_string(hog.join("memory.reclaim")).unwrap(), "");
     assert!(ops.killed.lock().unwrap().is_empty());
-    // Calm and no PSI: back to the slow tick.
+    // Fast checks for one trigger window after a PSI wake, then the slow tick.
+    assert_eq!(m.step(&psi_wake(), ms(20_000)).next_check, ms(100));
     assert_eq!(
         r_next(&mut m, ms(30_000)),
         MonitorConfig::default().check_interval.0
