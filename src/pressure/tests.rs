@@ -493,3 +493,64 @@ async fn pressure_drive_reacts_to_injected_wake() {
         .unwrap();
     assert!(killed(&b_over));
 }
+
+#[test]
+fn pressure_emptied_pod_is_not_killed_again() {
+    // After cgroup.kill the pod cgroup stays (the kubelet removes it later)
+    // and may still be charged for page cache: it must not be picked again.
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Systemd);
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    assert_eq!(m.step(&Wake::Tick, ms(0)).killed.as_deref(), Some("b-over"));
+    for c in ["pause", "app"] {
+        w(&b_over.join(c).join("cgroup.procs"), "");
+    }
+    w(&b_over.join("cgroup.events"), "populated 0\nfrozen 0\n");
+    m.step(&Wake::Tick, ms(100));
+    assert_eq!(
+        m.step(&Wake::Tick, ms(1100)).killed.as_deref(),
+        Some("be-1")
+    );
+}
+
+/// Decision latency on a 100-pod fake tree (dry-run, so every step ranks
+/// and "kills"). `cargo test --release --lib pressure_step_latency -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn pressure_step_latency() {
+    let f = Fake::new(Driver::Systemd);
+    for i in 0..100 {
+        let class = [
+            QosClass::Guaranteed,
+            QosClass::Burstable,
+            QosClass::BestEffort,
+        ][i % 3];
+        f.pod(
+            &format!("p-{i:03}"),
+            class,
+            (50 + i as u64) * MI,
+            64 * MI,
+            "app",
+        );
+    }
+    f.node_ws(TOTAL - 50 * MI);
+    let cfg = MonitorConfig {
+        dry_run: true,
+        cooldown: "0s".parse().unwrap(),
+        ..MonitorConfig::default()
+    };
+    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    let mut us: Vec<u128> = Vec::new();
+    for i in 0..300 {
+        let t = std::time::Instant::now();
+        let r = m.step(&psi_wake(), ms(i * 10));
+        us.push(t.elapsed().as_micros());
+        assert!(r.would_kill.is_some());
+    }
+    us.sort();
+    println!(
+        "step (measure+rank+decide, 100 pods): p50={}us p99={}us max={}us",
+        us[us.len() / 2],
+        us[us.len() * 99 / 100],
+        us[us.len() - 1]
+    );
+}
