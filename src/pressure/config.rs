@@ -184,6 +184,9 @@ pub struct MonitorConfig {
     pub psi_kubepods: bool,
     /// kubepods cgroup relative to the cgroup root; "auto" finds kubepods.slice or kubepods.
     pub kubepods: String,
+    /// Also apply the thresholds to kubepods memory.max − kubepods working set
+    /// (the kubelet's allocatableMemory.available).
+    pub allocatable_signal: bool,
     /// Pods in these namespaces are never killed.
     pub critical_namespaces: Vec<String>,
     /// Pods with priority >= this are never killed (kubelet: 2000000000).
@@ -220,6 +223,7 @@ impl Default for MonitorConfig {
             psi_node: true,
             psi_kubepods: true,
             kubepods: "auto".into(),
+            allocatable_signal: true,
             critical_namespaces: vec!["kube-system".into()],
             critical_priority: 2_000_000_000,
             require_pod_info: false,

@@ -121,10 +121,41 @@ pub struct NodeMemory {
     /// MemTotal (the kubelet's machineInfo.MemoryCapacity).
     pub capacity: u64,
     pub working_set: u64,
-    /// capacity − working set.
+    /// capacity − working set (the kubelet's `memory.available`).
     pub available: u64,
     /// Which formula produced `working_set`.
     pub source: &'static str,
+    /// kubepods memory.max − kubepods working set (the kubelet's
+    /// `allocatableMemory.available`), when kubepods has a numeric limit.
+    pub allocatable_available: Option<u64>,
+}
+
+impl NodeMemory {
+    /// The signal the thresholds apply to: the smaller of the two. The kubelet
+    /// copies the hard memory.available threshold onto allocatable too.
+    pub fn effective_available(&self) -> u64 {
+        self.allocatable_available
+            .map_or(self.available, |a| a.min(self.available))
+    }
+
+    /// Name of the signal `effective_available` came from, for logs.
+    pub fn signal(&self) -> &'static str {
+        match self.allocatable_available {
+            Some(a) if a < self.available => "allocatableMemory.available",
+            _ => "memory.available",
+        }
+    }
+}
+
+/// `measure_node` plus the allocatable signal of the kubepods cgroup.
+pub fn measure(paths: &Paths, kubepods: Option<&Path>) -> Result<NodeMemory, MonitorError> {
+    let mut n = measure_node(paths)?;
+    n.allocatable_available = kubepods.and_then(|kp| {
+        let max = stat::read_single(&kp.join("memory.max")).ok().flatten()?;
+        let ws = cgroup_working_set(kp).ok()?;
+        Some(max.saturating_sub(ws))
+    });
+    Ok(n)
 }
 
 pub const WS_ROOT_STAT: &str = "root memory.stat anon+file-inactive_file";
@@ -163,6 +194,7 @@ pub fn measure_node(paths: &Paths) -> Result<NodeMemory, MonitorError> {
         working_set,
         available: capacity.saturating_sub(working_set),
         source,
+        allocatable_available: None,
     })
 }
 
@@ -330,6 +362,14 @@ impl Monitor {
         }
     }
 
+    fn measure(&self) -> Result<NodeMemory, MonitorError> {
+        let kp = self.kubepods().map(|k| k.0);
+        measure(
+            &self.paths,
+            kp.as_deref().filter(|_| self.cfg.allocatable_signal),
+        )
+    }
+
     pub fn kubepods(&self) -> Option<(PathBuf, Driver)> {
         tree::find_kubepods(&self.paths.cgroup_root, &self.cfg.kubepods)
     }
@@ -381,7 +421,7 @@ impl Monitor {
 
     /// Measures and ranks without acting (for `--once` and for tests).
     pub fn snapshot(&mut self) -> Result<(NodeMemory, Vec<Candidate>, Ranking), MonitorError> {
-        let node = measure_node(&self.paths)?;
+        let node = self.measure()?;
         let cands = self.candidates();
         let ranking = rank::rank(&cands, &self.policy);
         Ok((node, cands, ranking))
@@ -427,7 +467,7 @@ impl Monitor {
             }
         }
 
-        let node = match measure_node(&self.paths) {
+        let node = match self.measure() {
             Ok(n) => n,
             Err(e) => {
                 tracing::error!(error = %e, "cannot measure node memory");
@@ -435,7 +475,9 @@ impl Monitor {
             }
         };
         report.node = Some(node);
-        let verdict = self.decider.observe(now, node.available, node.capacity);
+        let verdict = self
+            .decider
+            .observe(now, node.effective_available(), node.capacity);
         report.verdict = Some(verdict);
         if verdict.kill_timed_out {
             if let Some(v) = self.victim.take() {
@@ -450,7 +492,7 @@ impl Monitor {
                 }
             }
             Plan::Watch | Plan::Hold(_) => {
-                tracing::debug!(plan = ?verdict.plan, available = node.available, "holding");
+                tracing::debug!(plan = ?verdict.plan, available = node.effective_available(), "holding");
             }
             Plan::Reclaim { deficit } => {
                 let cands = self.candidates();
@@ -498,7 +540,10 @@ impl Monitor {
         tracing::warn!(
             action = what,
             wake = %wake,
-            available = node.available,
+            available = node.effective_available(),
+            signal = node.signal(),
+            node_available = node.effective_available(),
+            allocatable_available = ?node.allocatable_available,
             capacity = node.capacity,
             working_set = node.working_set,
             ws_source = node.source,
@@ -624,7 +669,7 @@ impl Monitor {
         let (psi_node, psi_kubepods) = self.psi_fields();
         tracing::info!(
             wake = %wake,
-            available = node.available,
+            available = node.effective_available(),
             ws_source = node.source,
             hard_threshold = v.hard,
             soft_threshold = v.soft,
@@ -671,7 +716,7 @@ impl Monitor {
             self.reclaim_top(deficit, &cands, &ranking, report);
         }
         // Recheck right before the kill, on fresh numbers.
-        let fresh = match measure_node(&self.paths) {
+        let fresh = match self.measure() {
             Ok(n) => n,
             Err(e) => {
                 tracing::error!(error = %e, "cannot re-measure before kill; not killing");
@@ -680,10 +725,11 @@ impl Monitor {
         };
         if !self
             .decider
-            .still_warranted(now, fresh.available, fresh.capacity)
+            .still_warranted(now, fresh.effective_available(), fresh.capacity)
         {
             tracing::info!(
-                available = fresh.available,
+                available = fresh.effective_available(),
+                signal = fresh.signal(),
                 before = node.available,
                 "recheck: threshold clear, no kill"
             );
@@ -707,7 +753,8 @@ impl Monitor {
             priority = victim.priority.unwrap_or(0),
             exceeds_request = victim.exceeds_request(),
             reason = ?reason,
-            available = fresh.available,
+            available = fresh.effective_available(),
+            signal = fresh.signal(),
             ws_source = fresh.source,
             path = %victim.path.display(),
             dry_run = self.cfg.dry_run,

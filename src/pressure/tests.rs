@@ -554,3 +554,36 @@ fn pressure_step_latency() {
         us[us.len() - 1]
     );
 }
+
+#[test]
+fn pressure_allocatable_signal_from_kubepods_limit() {
+    // Node has 12Gi free, but kubepods (memory.max = allocatable) is 50Mi
+    // from its limit: the kubelet's allocatableMemory.available is met.
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Systemd);
+    f.node_ws(4 * GI);
+    w(&f.kp.join("memory.max"), &(8 * GI).to_string());
+    w(
+        &f.kp.join("memory.current"),
+        &(8 * GI - 50 * MI + 20 * MI).to_string(),
+    );
+    w(
+        &f.kp.join("memory.stat"),
+        &format!("anon 1\ninactive_file {}\n", 20 * MI),
+    );
+    let n = measure(&f.paths, Some(&f.kp)).unwrap();
+    assert_eq!(
+        (n.available, n.allocatable_available),
+        (12 * GI, Some(50 * MI))
+    );
+    assert_eq!(n.signal(), "allocatableMemory.available");
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    assert_eq!(m.step(&Wake::Tick, ms(0)).killed.as_deref(), Some("b-over"));
+    assert!(killed(&b_over));
+    // Switched off, the same tree is calm.
+    let cfg = MonitorConfig {
+        allocatable_signal: false,
+        ..MonitorConfig::default()
+    };
+    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    assert_eq!(m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan, Plan::Calm);
+}
