@@ -806,52 +806,52 @@ impl Monitor {
     }
 }
 
-/// One PSI trigger target and whether it is armed.
+/// One PSI trigger target and its watcher tasks (each holds one trigger fd).
 struct TriggerTarget {
-    label: String,
-    path: PathBuf,
-    armed: bool,
+    label: &'static str,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Not pollable (a plain file in a fake tree): do not retry.
     given_up: bool,
     /// A failure was logged at warn level already; later ones go to debug.
     warned: bool,
 }
 
-/// Armed PSI triggers; each watcher task holds its fd.
+impl TriggerTarget {
+    fn new(label: &'static str) -> Self {
+        TriggerTarget {
+            label,
+            tasks: Vec::new(),
+            given_up: false,
+            warned: false,
+        }
+    }
+
+    fn disarm(&mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// Armed PSI triggers on the node and on kubepods. kubepods is looked up
+/// at every arming attempt, so a monitor started before the kubelet arms
+/// it once the kubelet has created the cgroup.
 struct Triggers {
     targets: Vec<TriggerTarget>,
     triggers: Vec<psi::Trigger>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    paths: Paths,
+    kubepods: String,
     tx: mpsc::Sender<Wake>,
 }
 
 impl Triggers {
-    fn new(
-        cfg: &MonitorConfig,
-        paths: &Paths,
-        kubepods: Option<PathBuf>,
-        tx: mpsc::Sender<Wake>,
-    ) -> Self {
+    fn new(cfg: &MonitorConfig, paths: &Paths, tx: mpsc::Sender<Wake>) -> Self {
         let mut targets = Vec::new();
         if cfg.psi_node {
-            targets.push(TriggerTarget {
-                label: "node".into(),
-                path: paths.node_psi(),
-                armed: false,
-                given_up: false,
-                warned: false,
-            });
+            targets.push(TriggerTarget::new("node"));
         }
         if cfg.psi_kubepods {
-            if let Some(kp) = kubepods {
-                targets.push(TriggerTarget {
-                    label: "kubepods".into(),
-                    path: kp.join("memory.pressure"),
-                    armed: false,
-                    given_up: false,
-                    warned: false,
-                });
-            }
+            targets.push(TriggerTarget::new("kubepods"));
         }
         // validate() already checked every trigger string.
         let triggers = cfg
@@ -862,59 +862,113 @@ impl Triggers {
         Triggers {
             targets,
             triggers,
-            tasks: Vec::new(),
+            paths: paths.clone(),
+            kubepods: cfg.kubepods.clone(),
             tx,
         }
     }
 
-    /// Arms every target not armed yet. One fd per trigger per target.
+    fn path_of(&self, label: &str) -> Option<PathBuf> {
+        match label {
+            "node" => Some(self.paths.node_psi()),
+            _ => tree::find_kubepods(&self.paths.cgroup_root, &self.kubepods)
+                .map(|(kp, _)| kp.join("memory.pressure")),
+        }
+    }
+
+    /// Arms every target that is not armed yet: all of its triggers or none.
     fn arm(&mut self) {
-        for t in self.targets.iter_mut().filter(|t| !t.armed && !t.given_up) {
-            let mut all = true;
+        for i in 0..self.targets.len() {
+            let t = &self.targets[i];
+            if !t.tasks.is_empty() || t.given_up || self.triggers.is_empty() {
+                continue;
+            }
+            let label = t.label;
+            let Some(path) = self.path_of(label) else {
+                self.note_failure(i, &format!("{label}: cgroup not found"));
+                continue;
+            };
+            if !psi::is_kernel_psi_file(&path) {
+                tracing::warn!(target = label, path = %path.display(),
+                    "not on procfs/cgroup2 (fake tree?); no psi triggers, relying on check-interval");
+                self.targets[i].given_up = true;
+                continue;
+            }
+            let mut tasks = Vec::new();
+            let mut failure = None;
             for trig in &self.triggers {
-                let label = format!("{}:{trig}", t.label);
-                match psi::arm(&t.path, trig) {
-                    Ok(f) => match psi::watch(label.clone(), f, self.tx.clone()) {
-                        Ok(h) => self.tasks.push(h),
+                let name = format!("{label}:{trig}");
+                match psi::arm(&path, trig) {
+                    Ok(f) => match psi::watch(name, f, self.tx.clone()) {
+                        Ok(h) => tasks.push(h),
                         Err(e) => {
-                            tracing::warn!(trigger = %label, path = %t.path.display(), error = %e, "psi file not pollable (not a PSI file?); relying on check-interval");
-                            t.given_up = true;
-                            all = false;
+                            tracing::warn!(target = label, path = %path.display(), error = %e,
+                                "psi file not pollable (not a PSI file?); relying on check-interval");
+                            self.targets[i].given_up = true;
+                            failure = Some(String::new());
                             break;
                         }
                     },
                     Err(e) => {
-                        if t.warned {
-                            tracing::debug!(trigger = %label, error = %e, "cannot arm psi trigger");
-                        } else {
-                            tracing::warn!(trigger = %label, error = %e, "cannot arm psi trigger; relying on check-interval, retrying on ticks");
-                            t.warned = true;
-                        }
-                        all = false;
+                        failure = Some(e.to_string());
                         break;
                     }
                 }
             }
-            t.armed = all;
-            if all {
-                tracing::info!(target = %t.label, path = %t.path.display(), triggers = ?self.triggers.iter().map(|x| x.to_string()).collect::<Vec<_>>(), "psi triggers armed");
+            match failure {
+                None => {
+                    tracing::info!(target = label, path = %path.display(),
+                        triggers = ?self.triggers.iter().map(|x| x.to_string()).collect::<Vec<_>>(),
+                        "psi triggers armed");
+                    self.targets[i].tasks = tasks;
+                }
+                Some(msg) => {
+                    for h in tasks {
+                        h.abort();
+                    }
+                    if !msg.is_empty() {
+                        self.note_failure(i, &msg);
+                    }
+                }
             }
         }
     }
 
+    fn note_failure(&mut self, i: usize, msg: &str) {
+        let t = &mut self.targets[i];
+        if t.warned {
+            tracing::debug!(target = t.label, error = msg, "cannot arm psi triggers");
+        } else {
+            tracing::warn!(
+                target = t.label,
+                error = msg,
+                "cannot arm psi triggers; relying on check-interval, retrying on ticks"
+            );
+            t.warned = true;
+        }
+    }
+
+    /// A trigger reported POLLERR: drop the whole target, re-arm on a tick.
     fn lost(&mut self, source: &str) {
         let label = source.split(':').next().unwrap_or(source);
         for t in self.targets.iter_mut().filter(|t| t.label == label) {
-            tracing::warn!(target = %t.label, "psi trigger source lost; re-arming on next tick");
-            t.armed = false;
+            tracing::warn!(
+                target = t.label,
+                "psi trigger source lost; re-arming on next tick"
+            );
+            t.disarm();
         }
+    }
+
+    fn armed(&self) -> usize {
+        self.targets.iter().filter(|t| !t.tasks.is_empty()).count()
     }
 }
 
 impl Drop for Triggers {
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
+        for t in &mut self.targets {
+            t.disarm();
         }
     }
 }
@@ -947,12 +1001,13 @@ pub async fn run_with(
     cfg.validate()?;
     let (tx, rx) = mpsc::channel(16);
     let monitor = Monitor::new(cfg.clone(), paths.clone(), pods, ops);
-    let mut triggers = Triggers::new(&cfg, &paths, monitor.kubepods().map(|k| k.0), tx);
+    let mut triggers = Triggers::new(&cfg, &paths, tx);
     triggers.arm();
     tracing::info!(
         cgroup_root = %paths.cgroup_root.display(),
         proc_root = %paths.proc_root.display(),
         kubepods = ?monitor.kubepods(),
+        psi_targets_armed = triggers.armed(),
         hard = %cfg.hard_threshold,
         soft = %cfg.soft_threshold,
         dry_run = cfg.dry_run,

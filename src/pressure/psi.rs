@@ -154,6 +154,16 @@ pub enum ArmError {
     },
 }
 
+/// True when `path` lives on procfs or cgroup2, i.e. writing a trigger
+/// there arms the kernel. A fake tree's plain file is left alone.
+pub fn is_kernel_psi_file(path: &Path) -> bool {
+    use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, PROC_SUPER_MAGIC};
+    statfs(path).is_ok_and(|s| {
+        let t = s.filesystem_type();
+        t == PROC_SUPER_MAGIC || t == CGROUP2_SUPER_MAGIC
+    })
+}
+
 /// Opens `path` and writes the trigger. The returned file must stay open
 /// for as long as the trigger should exist.
 pub fn arm(path: &Path, trigger: &Trigger) -> Result<File, ArmError> {
@@ -284,6 +294,17 @@ mod tests {
         let _f = arm(&path, &"some 300000 1000000".parse().unwrap()).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"some 300000 1000000\0");
         assert!(arm(&dir.path().join("missing"), &"some 1 2".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn pressure_fake_psi_file_is_not_a_kernel_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.pressure");
+        std::fs::write(&path, "").unwrap();
+        assert!(!is_kernel_psi_file(&path));
+        assert!(!is_kernel_psi_file(&dir.path().join("missing")));
+        // statfs only (no write): procfs is recognised.
+        assert!(is_kernel_psi_file(Path::new("/proc/self/status")));
     }
 
     #[tokio::test]
