@@ -375,7 +375,9 @@ impl Monitor {
     }
 
     /// Every pod under kubepods with its numbers, in UID order.
-    pub fn candidates(&mut self) -> Vec<Candidate> {
+    /// `check_pause` inspects every pod's processes; eviction skips that and
+    /// checks only the pods it is about to pick (cheaper under pressure).
+    pub fn candidates(&mut self, check_pause: bool) -> Vec<Candidate> {
         let Some((kp, driver)) = self.kubepods() else {
             tracing::warn!(root = %self.paths.cgroup_root.display(), kubepods = %self.cfg.kubepods, "kubepods cgroup not found");
             return Vec::new();
@@ -412,7 +414,7 @@ impl Monitor {
                 working_set: ws,
                 request,
                 request_source,
-                pause_only: act::pause_only(&pod.path, &self.paths.proc_root),
+                pause_only: check_pause && act::pause_only(&pod.path, &self.paths.proc_root),
                 path: pod.path,
             });
         }
@@ -422,7 +424,7 @@ impl Monitor {
     /// Measures and ranks without acting (for `--once` and for tests).
     pub fn snapshot(&mut self) -> Result<(NodeMemory, Vec<Candidate>, Ranking), MonitorError> {
         let node = self.measure()?;
-        let cands = self.candidates();
+        let cands = self.candidates(true);
         let ranking = rank::rank(&cands, &self.policy);
         Ok((node, cands, ranking))
     }
@@ -495,7 +497,7 @@ impl Monitor {
                 tracing::debug!(plan = ?verdict.plan, available = node.effective_available(), "holding");
             }
             Plan::Reclaim { deficit } => {
-                let cands = self.candidates();
+                let cands = self.candidates(false);
                 let ranking = rank::rank(&cands, &self.policy);
                 self.log_decision("reclaim", wake, &node, &verdict, &cands, &ranking);
                 self.reclaim_top(deficit, &cands, &ranking, &mut report);
@@ -691,7 +693,7 @@ impl Monitor {
         deficit: u64,
         report: &mut StepReport,
     ) {
-        let cands = self.candidates();
+        let cands = self.candidates(false);
         let ranking = rank::rank(&cands, &self.policy);
         self.log_decision(
             if reason == Reason::Hard {
@@ -705,7 +707,16 @@ impl Monitor {
             &cands,
             &ranking,
         );
-        let Some(&top) = ranking.order.first() else {
+        // Never the sandbox alone, never an emptied pod: walk down the ranking.
+        let proc_root = &self.paths.proc_root;
+        let top = ranking.order.iter().copied().find(|&i| {
+            let skip = act::pause_only(&cands[i].path, proc_root);
+            if skip {
+                tracing::info!(pod = %cands[i].uid, "skipping pod with only the sandbox (pause) or nothing left");
+            }
+            !skip
+        });
+        let Some(top) = top else {
             tracing::error!(
                 excluded = ranking.excluded.len(),
                 "memory pressure but no eviction candidate"
