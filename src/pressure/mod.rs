@@ -314,6 +314,10 @@ pub struct Monitor {
     limit_seen: HashMap<PathBuf, u64>,
     /// Original memory.high of BestEffort pods we lowered.
     lowered_high: HashMap<PathBuf, String>,
+    /// Pods still populated after kill-timeout (e.g. a task stuck in D
+    /// state): skipped until the pressure episode ends, so the next pod gets
+    /// its turn. Bounded by the pod count.
+    stuck: std::collections::HashSet<PathBuf>,
     mrelease: bool,
     last_psi_note: Option<Duration>,
     /// When the current step began, for the wake-to-kill latency log.
@@ -357,6 +361,7 @@ impl Monitor {
             victim: None,
             limit_seen: HashMap::new(),
             lowered_high: HashMap::new(),
+            stuck: std::collections::HashSet::new(),
             last_psi_note: None,
             step_started: Instant::now(),
         }
@@ -483,7 +488,8 @@ impl Monitor {
         report.verdict = Some(verdict);
         if verdict.kill_timed_out {
             if let Some(v) = self.victim.take() {
-                tracing::warn!(victim = %v.uid, path = %v.path.display(), "victim cgroup still populated after kill-timeout; deciding again");
+                self.stuck.insert(v.path.clone());
+                tracing::warn!(victim = %v.uid, path = %v.path.display(), "victim cgroup still populated after kill-timeout; skipping it until pressure ends");
             }
         }
 
@@ -508,8 +514,11 @@ impl Monitor {
             }
         }
 
-        if !self.decider.pressure() && !self.lowered_high.is_empty() {
-            self.restore_high();
+        if !self.decider.pressure() {
+            if !self.lowered_high.is_empty() {
+                self.restore_high();
+            }
+            self.stuck.clear();
         }
         let following_psi = self.fast_until.is_some_and(|t| now < t);
         if !self.decider.busy() && !following_psi {
@@ -709,7 +718,12 @@ impl Monitor {
         );
         // Never the sandbox alone, never an emptied pod: walk down the ranking.
         let proc_root = &self.paths.proc_root;
+        let stuck = &self.stuck;
         let top = ranking.order.iter().copied().find(|&i| {
+            if stuck.contains(&cands[i].path) {
+                tracing::info!(pod = %cands[i].uid, "skipping pod that did not die after an earlier kill");
+                return false;
+            }
             let skip = act::pause_only(&cands[i].path, proc_root);
             if skip {
                 tracing::info!(pod = %cands[i].uid, "skipping pod with only the sandbox (pause) or nothing left");
@@ -900,7 +914,7 @@ impl Triggers {
                 continue;
             };
             if !psi::is_kernel_psi_file(&path) {
-                tracing::warn!(target = label, path = %path.display(),
+                tracing::warn!(psi_target = label, path = %path.display(),
                     "not on procfs/cgroup2 (fake tree?); no psi triggers, relying on check-interval");
                 self.targets[i].given_up = true;
                 continue;
@@ -913,7 +927,7 @@ impl Triggers {
                     Ok(f) => match psi::watch(name, f, self.tx.clone()) {
                         Ok(h) => tasks.push(h),
                         Err(e) => {
-                            tracing::warn!(target = label, path = %path.display(), error = %e,
+                            tracing::warn!(psi_target = label, path = %path.display(), error = %e,
                                 "psi file not pollable (not a PSI file?); relying on check-interval");
                             self.targets[i].given_up = true;
                             failure = Some(String::new());
@@ -928,7 +942,7 @@ impl Triggers {
             }
             match failure {
                 None => {
-                    tracing::info!(target = label, path = %path.display(),
+                    tracing::info!(psi_target = label, path = %path.display(),
                         triggers = ?self.triggers.iter().map(|x| x.to_string()).collect::<Vec<_>>(),
                         "psi triggers armed");
                     self.targets[i].tasks = tasks;
@@ -948,10 +962,10 @@ impl Triggers {
     fn note_failure(&mut self, i: usize, msg: &str) {
         let t = &mut self.targets[i];
         if t.warned {
-            tracing::debug!(target = t.label, error = msg, "cannot arm psi triggers");
+            tracing::debug!(psi_target = t.label, error = msg, "cannot arm psi triggers");
         } else {
             tracing::warn!(
-                target = t.label,
+                psi_target = t.label,
                 error = msg,
                 "cannot arm psi triggers; relying on check-interval, retrying on ticks"
             );
@@ -964,7 +978,7 @@ impl Triggers {
         let label = source.split(':').next().unwrap_or(source);
         for t in self.targets.iter_mut().filter(|t| t.label == label) {
             tracing::warn!(
-                target = t.label,
+                psi_target = t.label,
                 "psi trigger source lost; re-arming on next tick"
             );
             t.disarm();

@@ -587,3 +587,17 @@ fn pressure_allocatable_signal_from_kubepods_limit() {
     let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
     assert_eq!(m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan, Plan::Calm);
 }
+
+#[test]
+fn pressure_pod_that_does_not_die_is_skipped_after_kill_timeout() {
+    // A victim stuck in D state stays populated: after kill-timeout the
+    // next pod in order gets its turn instead of re-killing the same one.
+    let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Systemd);
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    assert_eq!(m.step(&Wake::Tick, ms(0)).killed.as_deref(), Some("b-over"));
+    let r = m.step(&Wake::Tick, ms(5000));
+    assert!(r.verdict.unwrap().kill_timed_out);
+    let r = m.step(&Wake::Tick, ms(6000));
+    assert_eq!(r.killed.as_deref(), Some("be-1"));
+    assert!(killed(&b_over) && killed(&be));
+}
