@@ -553,7 +553,7 @@ impl Monitor {
             wake = %wake,
             available = node.effective_available(),
             signal = node.signal(),
-            node_available = node.effective_available(),
+            node_available = node.available,
             allocatable_available = ?node.allocatable_available,
             capacity = node.capacity,
             working_set = node.working_set,
