@@ -195,6 +195,8 @@ pub struct MonitorConfig {
     pub require_pod_info: bool,
     /// Write memory.reclaim on the top candidates before evicting.
     pub reclaim: bool,
+    /// Also reclaim right before a hard-threshold kill (delays the kill).
+    pub reclaim_before_hard_kill: bool,
     /// How many top candidates to reclaim from.
     pub reclaim_top_n: usize,
     /// Minimum time between two reclaim rounds.
@@ -228,6 +230,7 @@ impl Default for MonitorConfig {
             critical_priority: 2_000_000_000,
             require_pod_info: false,
             reclaim: true,
+            reclaim_before_hard_kill: false,
             reclaim_top_n: 3,
             reclaim_interval: ms(1000),
             besteffort_memory_high_factor: 0.0,

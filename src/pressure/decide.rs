@@ -428,4 +428,52 @@ mod tests {
             Plan::Evict { .. }
         ));
     }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+        /// Over random measurement sequences: never an eviction while a kill
+        /// is in flight or cooling down, never one above hard + min-reclaim
+        /// unless the soft threshold held for its grace period, and never a
+        /// reclaim or eviction with every threshold clear.
+        #[test]
+        fn pressure_decide_never_overkills(
+            steps in proptest::collection::vec((0u64..500, 1u64..400, proptest::bool::ANY), 1..200)
+        ) {
+            let c = cfg();
+            let mut d = Decider::new(c.clone());
+            let mut now = Duration::ZERO;
+            let mut in_flight_since: Option<Duration> = None;
+            let mut cooldown_until = Duration::ZERO;
+            for (avail_mi, dt_ms, finishes) in steps {
+                now += ms(dt_ms);
+                if finishes && in_flight_since.take().is_some() {
+                    d.kill_finished(now);
+                    cooldown_until = now + c.cooldown;
+                }
+                let v = d.observe(now, avail_mi * MI, CAP);
+                if v.kill_timed_out {
+                    in_flight_since = None;
+                    cooldown_until = now + c.cooldown;
+                }
+                match v.plan {
+                    Plan::Evict { reason, .. } => {
+                        prop_assert!(in_flight_since.is_none());
+                        prop_assert!(now >= cooldown_until);
+                        match reason {
+                            Reason::Hard => prop_assert!(avail_mi < 164),
+                            Reason::Soft => prop_assert!(avail_mi < 364),
+                        }
+                        d.kill_started(now);
+                        in_flight_since = Some(now);
+                    }
+                    Plan::Reclaim { .. } | Plan::Watch => prop_assert!(avail_mi < 364),
+                    Plan::Calm => prop_assert!(avail_mi >= 100),
+                    Plan::Hold(_) => prop_assert!(in_flight_since.is_some() || now < cooldown_until),
+                }
+            }
+        }
+    }
 }

@@ -737,7 +737,10 @@ impl Monitor {
             );
             return;
         };
-        if self.cfg.reclaim {
+        // A synchronous memory.reclaim can take tens of ms; past the hard
+        // threshold that delay can let the kernel OOM killer win, so it is
+        // opt-in there (the soft band already reclaimed on the way down).
+        if self.cfg.reclaim && (reason == Reason::Soft || self.cfg.reclaim_before_hard_kill) {
             self.reclaim_top(deficit, &cands, &ranking, report);
         }
         // Recheck right before the kill, on fresh numbers.

@@ -255,9 +255,9 @@ fn pressure_hard_kills_one_pod_in_kubelet_order_then_waits() {
     assert!(killed(&b_over));
     // mrelease on both pinned pids (pause + app) of the victim.
     assert_eq!(*ops.mreleased.lock().unwrap(), 2);
-    // Reclaim went first, to the top three: b-over, be-1, b-under.
-    assert_eq!(r.reclaimed, vec!["b-over", "be-1", "b-under"]);
-    assert_ne!(fs::read_to_string(be.join("memory.reclaim")).unwrap(), "");
+    // Past the hard threshold the kill is not delayed by a reclaim.
+    assert!(r.reclaimed.is_empty());
+    assert_eq!(fs::read_to_string(be.join("memory.reclaim")).unwrap(), "");
 
     // At most one kill in flight: still populated, so hold.
     for t in [100, 200, 300] {
@@ -333,7 +333,6 @@ fn pressure_dry_run_writes_nothing() {
     let r = m.step(&psi_wake(), ms(0));
     assert_eq!(r.would_kill.as_deref(), Some("b-over"));
     assert!(r.killed.is_none());
-    assert_eq!(r.reclaimed, vec!["b-over", "be-1", "b-under"]);
     // Logs once per cooldown, not on every tick.
     assert!(m.step(&Wake::Tick, ms(100)).would_kill.is_none());
     assert_eq!(
@@ -392,6 +391,25 @@ fn pressure_soft_reclaims_lowers_besteffort_high_then_restores() {
         fs::read_to_string(be.join("memory.reclaim")).unwrap(),
         (38 * MI).to_string()
     );
+}
+
+#[test]
+fn pressure_hard_kill_reclaims_first_when_configured() {
+    let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Cgroupfs);
+    let cfg = MonitorConfig {
+        reclaim_before_hard_kill: true,
+        ..MonitorConfig::default()
+    };
+    let (mut m, _) = monitor(&f, cfg, reg);
+    let r = m.step(&Wake::Tick, ms(0));
+    // Reclaim went first, to the top three, then the recheck still failed.
+    assert_eq!(r.reclaimed, vec!["b-over", "be-1", "b-under"]);
+    assert_eq!(
+        fs::read_to_string(be.join("memory.reclaim")).unwrap(),
+        (38 * MI).to_string()
+    );
+    assert_eq!(r.killed.as_deref(), Some("b-over"));
+    assert!(killed(&b_over));
 }
 
 #[test]
