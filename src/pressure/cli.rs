@@ -27,7 +27,8 @@ pub struct MonitorArgs {
     /// TOML file with a [monitor] table (other tables are ignored).
     #[arg(long, short = 'c', env = "NRI_QOS_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Log what would be done; write nothing.
+    /// Log what would be done; no reclaim, memory.high or kill (PSI triggers
+    /// are still armed: they change nothing).
     #[arg(long)]
     pub dry_run: bool,
     /// Overrides hard-threshold, e.g. 100Mi or 2%.
@@ -129,4 +130,56 @@ pub fn once(cfg: MonitorConfig, paths: Paths) -> Result<String, MonitorError> {
         let _ = writeln!(out, "excluded {} {:?}", cands[*i].brief(), why);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: MonitorArgs,
+    }
+
+    #[test]
+    fn pressure_cli_flags_override_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("nri-qos.toml");
+        std::fs::write(
+            &file,
+            "[policy]\n[monitor]\nhard-threshold = \"200Mi\"\ncooldown = \"3s\"\n",
+        )
+        .unwrap();
+        let w = Wrap::try_parse_from([
+            "x",
+            "--cgroup-root",
+            "/tmp/cg",
+            "-c",
+            file.to_str().unwrap(),
+            "--dry-run",
+            "--soft-threshold",
+            "0",
+            "--check-interval",
+            "250ms",
+        ])
+        .unwrap();
+        let (cfg, paths) = w.args.resolve().unwrap();
+        assert_eq!(paths.cgroup_root, PathBuf::from("/tmp/cg"));
+        assert_eq!(paths.proc_root, PathBuf::from("/proc"));
+        assert!(cfg.dry_run);
+        assert_eq!(cfg.hard_threshold, Quantity::Bytes(200 << 20));
+        assert_eq!(cfg.soft_threshold, Quantity::Bytes(0));
+        assert_eq!(cfg.cooldown.to_string(), "3s");
+        assert_eq!(cfg.check_interval.to_string(), "250ms");
+        assert!(Wrap::try_parse_from(["x", "--hard-threshold", "lots"]).is_err());
+        let bad = Wrap::try_parse_from(["x", "-c", "/nonexistent/x.toml"]).unwrap();
+        assert!(bad
+            .args
+            .resolve()
+            .unwrap_err()
+            .to_string()
+            .contains("/nonexistent/x.toml"));
+    }
 }
