@@ -780,6 +780,9 @@ impl Monitor {
             request_source = %victim.request_source,
             priority = victim.priority.unwrap_or(0),
             exceeds_request = victim.exceeds_request(),
+            // memory.events.local max of the pod and its containers: a pod
+            // at its own limit is logged, not spared (the kubelet ignores it too).
+            limit_hits = limit_hits(&victim.path),
             reason = ?reason,
             available = fresh.effective_available(),
             signal = fresh.signal(),
