@@ -8,6 +8,26 @@
 //! reclaimed first and killed through `cgroup.kill` ([`act`]).
 //!
 //! All paths are injected ([`Paths`]) so tests run on a temp tree.
+//!
+//! Where the numbers come from (each is named in the log line that uses it):
+//! - node working set: root `memory.stat` anon + file − inactive_file (what
+//!   cAdvisor does on v2), else `/proc/meminfo` MemTotal − MemFree −
+//!   Inactive(file); capacity is MemTotal;
+//! - allocatable: kubepods `memory.max` − kubepods working set;
+//! - pod usage: pod `memory.current` − `inactive_file`;
+//! - pod request / class / priority: the [`PodRegistry`] when the plugin fed
+//!   it, else derived from cgroupfs ([`derive_request`], the cgroup path).
+//!
+//! Deliberate differences from the kubelet's eviction manager:
+//! - pods whose stats cannot be read are skipped (the kubelet ranks them
+//!   first; here they are almost always pods that just went away);
+//! - Guaranteed pods rank after every other pod;
+//! - critical = namespace in `critical-namespaces` or priority >=
+//!   `critical-priority`; static/mirror pods are only known through the
+//!   registry;
+//! - the kill is SIGKILL of the whole pod cgroup, without a grace period,
+//!   and the kubelet will restart the containers (the pod is not marked
+//!   Failed: runtimes ignore NRI evictions).
 
 pub mod act;
 pub mod cli;
