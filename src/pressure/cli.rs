@@ -21,10 +21,10 @@ pub struct MonitorArgs {
     /// cgroup v2 mount point.
     #[arg(long, default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
-    /// procfs mount point (meminfo, pressure/memory, <pid>/comm).
+    /// procfs mount point (meminfo, pressure/memory, PID/comm).
     #[arg(long, default_value = "/proc")]
     pub proc_root: PathBuf,
-    /// TOML file with a [monitor] table (other tables are ignored).
+    /// TOML file; its monitor table is read, other tables are ignored.
     #[arg(long, short = 'c', env = "NRI_QOS_CONFIG")]
     pub config: Option<PathBuf>,
     /// Log what would be done; no reclaim, memory.high or kill (PSI triggers
