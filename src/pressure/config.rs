@@ -172,6 +172,9 @@ pub struct MonitorConfig {
     pub cooldown: HumanDuration,
     /// Give up waiting for a killed pod cgroup to empty after this.
     pub kill_timeout: HumanDuration,
+    /// Right after a kill, poll the pod's cgroup.events every 5 ms for this
+    /// long (nothing else may run while a kill is in flight anyway).
+    pub kill_wait: HumanDuration,
     /// Low-rate check of memory.available while calm.
     pub check_interval: HumanDuration,
     /// Check rate while under pressure or while a kill is in flight.
@@ -219,6 +222,7 @@ impl Default for MonitorConfig {
             transition_period: ms(10_000),
             cooldown: ms(1000),
             kill_timeout: ms(5000),
+            kill_wait: ms(500),
             check_interval: ms(5000),
             pressure_interval: ms(100),
             psi_triggers: vec!["full 100000 1000000".into(), "some 300000 1000000".into()],

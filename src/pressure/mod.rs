@@ -304,6 +304,8 @@ pub struct StepReport {
     pub would_kill: Option<String>,
     /// UIDs whose memory.reclaim was written (or would be, in dry-run).
     pub reclaimed: Vec<String>,
+    /// The victim's cgroup emptied within kill-wait, after this long.
+    pub emptied_after: Option<Duration>,
     /// Pods whose own memory.max explains a PSI wake-up.
     pub limit_bound: Vec<String>,
     pub next_check: Duration,
@@ -482,6 +484,7 @@ impl Monitor {
             killed: None,
             would_kill: None,
             reclaimed: Vec::new(),
+            emptied_after: None,
             limit_bound: Vec::new(),
             next_check: self.cfg.pressure_interval.0,
         };
@@ -841,6 +844,20 @@ impl Monitor {
                 );
                 report.killed = Some(victim.uid.clone());
                 self.decider.kill_started(now);
+                // Nothing else may happen while the kill is in flight, so
+                // watch the cgroup empty closely for a short while: frees the
+                // cooldown sooner and measures kill-to-empty to ~5 ms.
+                let wait = self.cfg.kill_wait.0;
+                while t.elapsed() < wait {
+                    if !act::populated(&victim.path) {
+                        let took = t.elapsed();
+                        tracing::info!(victim = %victim.uid, took_ms = took.as_millis() as u64, "victim pod cgroup is empty");
+                        report.emptied_after = Some(took);
+                        self.decider.kill_finished(now + took);
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 self.victim = Some(Victim {
                     uid: victim.uid.clone(),
                     path: victim.path.clone(),

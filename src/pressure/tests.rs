@@ -167,6 +167,11 @@ fn info(uid: &str, ns: &str, prio: Option<i32>) -> PodInfo {
 
 fn monitor(f: &Fake, cfg: MonitorConfig, reg: SharedRegistry) -> (Monitor, Arc<FakeOps>) {
     let ops = Arc::new(FakeOps::default());
+    // Fake pods never die by themselves; do not spin on them.
+    let cfg = MonitorConfig {
+        kill_wait: "0s".parse().unwrap(),
+        ..cfg
+    };
     (
         Monitor::new(cfg, f.paths.clone(), Arc::new(reg), ops.clone()),
         ops,
@@ -410,6 +415,38 @@ fn pressure_hard_kill_reclaims_first_when_configured() {
     );
     assert_eq!(r.killed.as_deref(), Some("b-over"));
     assert!(killed(&b_over));
+}
+
+#[test]
+fn pressure_kill_wait_sees_the_cgroup_empty() {
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Systemd);
+    let ops = Arc::new(FakeOps::default());
+    let mut m = Monitor::new(
+        MonitorConfig::default(),
+        f.paths.clone(),
+        Arc::new(reg),
+        ops,
+    );
+    // The "kernel" empties the cgroup 30 ms after cgroup.kill is written.
+    let events = b_over.join("cgroup.events");
+    let watcher = std::thread::spawn(move || {
+        let kill = events.with_file_name("cgroup.kill");
+        while fs::read_to_string(&kill).unwrap_or_default() != "1" {
+            std::thread::sleep(ms(1));
+        }
+        std::thread::sleep(ms(30));
+        fs::write(&events, "populated 0\nfrozen 0\n").unwrap();
+    });
+    let r = m.step(&Wake::Tick, ms(0));
+    watcher.join().unwrap();
+    assert_eq!(r.killed.as_deref(), Some("b-over"));
+    let took = r.emptied_after.expect("emptied within kill-wait");
+    assert!(took >= ms(30) && took < ms(500), "{took:?}");
+    // Not in flight any more: only the cooldown holds the next decision.
+    assert!(matches!(
+        m.step(&Wake::Tick, ms(100)).verdict.unwrap().plan,
+        Plan::Hold(Hold::Cooldown { .. })
+    ));
 }
 
 #[test]
