@@ -33,27 +33,35 @@ pub mod act;
 pub mod cli;
 pub mod config;
 pub mod decide;
+pub mod measure;
 pub mod psi;
 pub mod rank;
 pub mod registry;
 pub mod stat;
 pub mod tree;
+mod triggers;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
 pub use config::MonitorConfig;
+pub use measure::{
+    cgroup_working_set, derive_request, measure, measure_node, NodeMemory, POD_USAGE_SOURCE,
+    WS_MEMINFO, WS_ROOT_STAT,
+};
 pub use registry::{NoPods, PodInfo, PodRegistry, RequestSource, SharedRegistry};
 
 use act::ProcessOps;
 use decide::{Decider, Plan, Reason, Verdict};
+use measure::limit_hits;
 use rank::{Candidate, RankPolicy, Ranking};
 use stat::ReadError;
 use tree::{Discovery, Driver};
+use triggers::Triggers;
 
 use crate::qos::QosClass;
 
@@ -133,164 +141,6 @@ impl Clock for SystemClock {
     fn now(&self) -> Duration {
         self.0.elapsed()
     }
-}
-
-/// Node memory the kubelet way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeMemory {
-    /// MemTotal (the kubelet's machineInfo.MemoryCapacity).
-    pub capacity: u64,
-    pub working_set: u64,
-    /// capacity − working set (the kubelet's `memory.available`).
-    pub available: u64,
-    /// Which formula produced `working_set`.
-    pub source: &'static str,
-    /// kubepods memory.max − kubepods working set (the kubelet's
-    /// `allocatableMemory.available`), when kubepods has a numeric limit.
-    pub allocatable_available: Option<u64>,
-}
-
-impl NodeMemory {
-    /// The signal the thresholds apply to: the smaller of the two. The kubelet
-    /// copies the hard memory.available threshold onto allocatable too.
-    pub fn effective_available(&self) -> u64 {
-        self.allocatable_available
-            .map_or(self.available, |a| a.min(self.available))
-    }
-
-    /// Name of the signal `effective_available` came from, for logs.
-    pub fn signal(&self) -> &'static str {
-        match self.allocatable_available {
-            Some(a) if a < self.available => "allocatableMemory.available",
-            _ => "memory.available",
-        }
-    }
-}
-
-/// `measure_node` plus the allocatable signal of the kubepods cgroup.
-pub fn measure(paths: &Paths, kubepods: Option<&Path>) -> Result<NodeMemory, MonitorError> {
-    let mut n = measure_node(paths)?;
-    n.allocatable_available = kubepods.and_then(|kp| {
-        let max = stat::read_single(&kp.join("memory.max")).ok().flatten()?;
-        let ws = cgroup_working_set(kp).ok()?;
-        Some(max.saturating_sub(ws))
-    });
-    Ok(n)
-}
-
-pub const WS_ROOT_STAT: &str = "root memory.stat anon+file-inactive_file";
-pub const WS_MEMINFO: &str = "meminfo MemTotal-MemFree-Inactive(file)";
-pub const POD_USAGE_SOURCE: &str = "pod memory.current-inactive_file";
-
-/// Measures node memory. Prefers the root cgroup's memory.stat
-/// (`anon + file − inactive_file`, what cAdvisor computes on cgroup v2);
-/// falls back to /proc/meminfo (`MemTotal − MemFree − Inactive(file)`, which
-/// also counts kernel memory as used, so it errs towards acting) when the
-/// root memory.stat is missing or lacks those keys.
-pub fn measure_node(paths: &Paths) -> Result<NodeMemory, MonitorError> {
-    let mi_path = paths.meminfo();
-    let mi = stat::parse_meminfo(&mi_path, &stat::read(&mi_path)?)?;
-    let get = |k: &'static str| {
-        mi.get(k).copied().ok_or(MonitorError::Missing {
-            path: mi_path.clone(),
-            key: k,
-        })
-    };
-    let capacity = get("MemTotal")?;
-    let root_stat = stat::read_flat_keyed(&paths.cgroup_root.join("memory.stat")).ok();
-    let from_root = root_stat.as_ref().and_then(|s| {
-        let (anon, file, inactive) = (s.get("anon")?, s.get("file")?, s.get("inactive_file")?);
-        Some(stat::working_set(anon.saturating_add(*file), *inactive))
-    });
-    let (working_set, source) = match from_root {
-        Some(ws) => (ws, WS_ROOT_STAT),
-        None => {
-            let used = capacity.saturating_sub(get("MemFree")?);
-            (stat::working_set(used, get("Inactive(file)")?), WS_MEMINFO)
-        }
-    };
-    Ok(NodeMemory {
-        capacity,
-        working_set,
-        available: capacity.saturating_sub(working_set),
-        source,
-        allocatable_available: None,
-    })
-}
-
-/// Working set of one cgroup: memory.current − inactive_file.
-pub fn cgroup_working_set(cg: &Path) -> Result<u64, MonitorError> {
-    let cur_path = cg.join("memory.current");
-    let current = stat::read_single(&cur_path)?.ok_or(MonitorError::Missing {
-        path: cur_path,
-        key: "number",
-    })?;
-    let st = stat::read_flat_keyed(&cg.join("memory.stat"))?;
-    Ok(stat::working_set(
-        current,
-        st.get("inactive_file").copied().unwrap_or(0),
-    ))
-}
-
-fn read_u64_or_zero(path: &Path) -> u64 {
-    stat::read_single(path).ok().flatten().unwrap_or(0)
-}
-
-/// memory.min if set, else memory.low, of one cgroup.
-fn min_or_low(cg: &Path) -> u64 {
-    let min = read_u64_or_zero(&cg.join("memory.min"));
-    if min > 0 {
-        min
-    } else {
-        read_u64_or_zero(&cg.join("memory.low"))
-    }
-}
-
-/// Memory request of a pod without plugin metadata, from what the kubelet
-/// wrote into cgroupfs.
-pub fn derive_request(pod: &Path, class: QosClass) -> (u64, RequestSource) {
-    if class == QosClass::BestEffort {
-        return (0, RequestSource::BestEffort);
-    }
-    let children: u64 = std::fs::read_dir(pod)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| min_or_low(&e.path()))
-        .fold(0u64, |a, b| a.saturating_add(b));
-    if children > 0 {
-        return (children, RequestSource::CgroupChildrenMinLow);
-    }
-    let own = min_or_low(pod);
-    if own > 0 {
-        return (own, RequestSource::CgroupPodMinLow);
-    }
-    if class == QosClass::Guaranteed {
-        if let Ok(Some(max)) = stat::read_single(&pod.join("memory.max")) {
-            return (max, RequestSource::CgroupPodMax);
-        }
-    }
-    (0, RequestSource::Unknown)
-}
-
-/// `max` events of the pod cgroup and its direct children (containers hit
-/// their own memory.max there), from memory.events.local.
-fn limit_hits(pod: &Path) -> u64 {
-    let one = |cg: &Path| {
-        stat::read_flat_keyed(&cg.join("memory.events.local"))
-            .ok()
-            .and_then(|m| m.get("max").copied())
-            .unwrap_or(0)
-    };
-    let children: u64 = std::fs::read_dir(pod)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| one(&e.path()))
-        .fold(0u64, |a, b| a.saturating_add(b));
-    one(pod).saturating_add(children)
 }
 
 /// What one step did; tests assert on it, the loop uses `next_check`.
@@ -870,173 +720,6 @@ impl Monitor {
                 self.decider.kill_started(now);
                 self.decider.kill_finished(now);
             }
-        }
-    }
-}
-
-/// One PSI trigger target and its watcher tasks (each holds one trigger fd).
-struct TriggerTarget {
-    label: &'static str,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// Not pollable (a plain file in a fake tree): do not retry.
-    given_up: bool,
-    /// A failure was logged at warn level already; later ones go to debug.
-    warned: bool,
-}
-
-impl TriggerTarget {
-    fn new(label: &'static str) -> Self {
-        TriggerTarget {
-            label,
-            tasks: Vec::new(),
-            given_up: false,
-            warned: false,
-        }
-    }
-
-    fn disarm(&mut self) {
-        for t in self.tasks.drain(..) {
-            t.abort();
-        }
-    }
-}
-
-/// Armed PSI triggers on the node and on kubepods. kubepods is looked up
-/// at every arming attempt, so a monitor started before the kubelet arms
-/// it once the kubelet has created the cgroup.
-struct Triggers {
-    targets: Vec<TriggerTarget>,
-    triggers: Vec<psi::Trigger>,
-    paths: Paths,
-    kubepods: String,
-    tx: mpsc::Sender<Wake>,
-}
-
-impl Triggers {
-    fn new(cfg: &MonitorConfig, paths: &Paths, tx: mpsc::Sender<Wake>) -> Self {
-        let mut targets = Vec::new();
-        if cfg.psi_node {
-            targets.push(TriggerTarget::new("node"));
-        }
-        if cfg.psi_kubepods {
-            targets.push(TriggerTarget::new("kubepods"));
-        }
-        // validate() already checked every trigger string.
-        let triggers = cfg
-            .psi_triggers
-            .iter()
-            .filter_map(|t| t.parse().ok())
-            .collect();
-        Triggers {
-            targets,
-            triggers,
-            paths: paths.clone(),
-            kubepods: cfg.kubepods.clone(),
-            tx,
-        }
-    }
-
-    fn path_of(&self, label: &str) -> Option<PathBuf> {
-        match label {
-            "node" => Some(self.paths.node_psi()),
-            _ => tree::find_kubepods(&self.paths.cgroup_root, &self.kubepods)
-                .map(|(kp, _)| kp.join("memory.pressure")),
-        }
-    }
-
-    /// Arms every target that is not armed yet: all of its triggers or none.
-    fn arm(&mut self) {
-        for i in 0..self.targets.len() {
-            let t = &self.targets[i];
-            if !t.tasks.is_empty() || t.given_up || self.triggers.is_empty() {
-                continue;
-            }
-            let label = t.label;
-            let Some(path) = self.path_of(label) else {
-                self.note_failure(i, &format!("{label}: cgroup not found"));
-                continue;
-            };
-            if !psi::is_kernel_psi_file(&path) {
-                tracing::warn!(psi_target = label, path = %path.display(),
-                    "not on procfs/cgroup2 (fake tree?); no psi triggers, relying on check-interval");
-                self.targets[i].given_up = true;
-                continue;
-            }
-            let mut tasks = Vec::new();
-            let mut failure = None;
-            for trig in &self.triggers {
-                let name = format!("{label}:{trig}");
-                match psi::arm(&path, trig) {
-                    Ok(f) => match psi::watch(name, f, self.tx.clone()) {
-                        Ok(h) => tasks.push(h),
-                        Err(e) => {
-                            tracing::warn!(psi_target = label, path = %path.display(), error = %e,
-                                "psi file not pollable (not a PSI file?); relying on check-interval");
-                            self.targets[i].given_up = true;
-                            failure = Some(String::new());
-                            break;
-                        }
-                    },
-                    Err(e) => {
-                        failure = Some(e.to_string());
-                        break;
-                    }
-                }
-            }
-            match failure {
-                None => {
-                    tracing::info!(psi_target = label, path = %path.display(),
-                        triggers = ?self.triggers.iter().map(|x| x.to_string()).collect::<Vec<_>>(),
-                        "psi triggers armed");
-                    self.targets[i].tasks = tasks;
-                }
-                Some(msg) => {
-                    for h in tasks {
-                        h.abort();
-                    }
-                    if !msg.is_empty() {
-                        self.note_failure(i, &msg);
-                    }
-                }
-            }
-        }
-    }
-
-    fn note_failure(&mut self, i: usize, msg: &str) {
-        let t = &mut self.targets[i];
-        if t.warned {
-            tracing::debug!(psi_target = t.label, error = msg, "cannot arm psi triggers");
-        } else {
-            tracing::warn!(
-                psi_target = t.label,
-                error = msg,
-                "cannot arm psi triggers; relying on check-interval, retrying on ticks"
-            );
-            t.warned = true;
-        }
-    }
-
-    /// A trigger reported POLLERR: drop the whole target, re-arm on a tick.
-    fn lost(&mut self, source: &str) {
-        let label = source.split(':').next().unwrap_or(source);
-        for t in self.targets.iter_mut().filter(|t| t.label == label) {
-            tracing::warn!(
-                psi_target = t.label,
-                "psi trigger source lost; re-arming on next tick"
-            );
-            t.disarm();
-        }
-    }
-
-    fn armed(&self) -> usize {
-        self.targets.iter().filter(|t| !t.tasks.is_empty()).count()
-    }
-}
-
-impl Drop for Triggers {
-    fn drop(&mut self) {
-        for t in &mut self.targets {
-            t.disarm();
         }
     }
 }
