@@ -31,6 +31,8 @@ enum Command {
     /// Compare what the policy wants with the node's real cgroup values.
     /// Exits with status 1 when any value drifts.
     Audit(AuditArgs),
+    /// Run the node memory-pressure monitor alone (see also `plugin.with-monitor`).
+    Monitor(nri_qos::pressure::cli::MonitorArgs),
     /// Validate a config file and print the effective configuration.
     CheckConfig {
         /// The TOML file to check.
@@ -200,6 +202,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Run(args)) => run_plugin(args),
         Some(Command::Audit(args)) => run_audit(args),
         Some(Command::Explain(args)) => run_explain(args),
+        Some(Command::Monitor(args)) => run_monitor(args),
         Some(Command::CheckConfig { file }) => {
             let cfg = Config::load(&file)?;
             println!(
@@ -210,6 +213,33 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn run_monitor(args: nri_qos::pressure::cli::MonitorArgs) -> anyhow::Result<()> {
+    use nri_qos::pressure::{self, cli::LogFormat};
+    let format = match args.log_format {
+        LogFormat::Json => "json",
+        LogFormat::Text => "text",
+    };
+    nri_qos::observability::init(format, "info", None, nri_qos::observability::Journal::Off)
+        .context("setting up logging")?;
+    let (cfg, paths) = args.resolve().context("monitor configuration")?;
+    if args.once {
+        print!("{}", pressure::cli::once(cfg, paths)?);
+        return Ok(());
+    }
+    // One thread is plenty: the loop sleeps in epoll and runs I/O on the
+    // blocking pool.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        tokio::select! {
+            r = pressure::run(cfg, paths, Arc::new(pressure::NoPods)) => r.context("monitor"),
+            _ = shutdown_signal() => Ok(()),
+        }
+    })
 }
 
 fn load_config(explicit: Option<&Path>) -> anyhow::Result<Config> {
@@ -328,6 +358,24 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
             ));
         } else if cfg.hierarchy.enabled && !node.cgroup_v2 {
             tracing::info!("cgroup v1 node: no memory.min/memory.low, hierarchy keeper off");
+        }
+        if cfg.plugin.with_monitor {
+            let pods = Arc::new(nri_qos::pressure::SharedRegistry::default());
+            tokio::spawn(nri_qos::nri::feed::feed_monitor(
+                plugin.registry(),
+                plugin.subscribe_changes(),
+                pods.clone(),
+            ));
+            let paths = nri_qos::pressure::Paths {
+                cgroup_root: cfg.node.cgroup_root.clone(),
+                proc_root: cfg.node.proc_root.clone(),
+            };
+            let monitor_cfg = cfg.monitor.clone();
+            tokio::spawn(async move {
+                if let Err(e) = nri_qos::pressure::run(monitor_cfg, paths, pods).await {
+                    tracing::error!(error = %e, "pressure monitor stopped");
+                }
+            });
         }
         tokio::select! {
             r = nri_qos::nri::session::run(transport, plugin, identity) => r.map_err(anyhow::Error::from),
