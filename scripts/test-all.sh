@@ -24,6 +24,6 @@ if [ "$NRI_QOS_E2E" = 1 ]; then
 fi
 
 step "tests"
-cargo test --locked --all-targets -- --nocapture 2>&1 | tee target/test-all.log
+cargo test --locked -- --nocapture 2>&1 | tee target/test-all.log
 # cargo test prints one 'test result' line per test binary; sum them for one closing line.
 awk '/^test result:/ {p+=$4; f+=$6} END {printf "\ntotal: %d passed, %d failed\n", p, f}' target/test-all.log
