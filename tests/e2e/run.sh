@@ -8,6 +8,7 @@
 #
 # Exit status: 0 when every E2E-CHECK passed on every VM, non-zero otherwise.
 set -euo pipefail
+{ # bash reads this whole group before running it, so editing run.sh mid-run is safe
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -219,7 +220,10 @@ build_initramfs() {
     for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
-    "config_${ver/./}" >"$r/etc/containerd/config.toml"
+    case "$ver" in
+    1.7) config_17 ;;
+    2.1) config_21 ;;
+    esac >"$r/etc/containerd/config.toml"
     printf '127.0.0.1 localhost e2e-node\n::1 localhost\n' >"$r/etc/hosts"
     printf 'nameserver 127.0.0.1\n' >"$r/etc/resolv.conf"
     printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
@@ -274,7 +278,8 @@ for ver in "${versions[@]}"; do
     set -e
     t2=$(date +%s.%N)
     wall="$(elapsed "$t1" "$t2")"
-    log "[$name] VM wall time ${wall} s; console log: $consolef"
+    grep '^E2E-RESULT ' "$consolef" | sed 's/^E2E-RESULT //' >"$WORK/results-$ver-$plugin.jsonl" || true
+    log "[$name] VM wall time ${wall} s; console log: $consolef; values: $WORK/results-$ver-$plugin.jsonl"
     if parse_console "$consolef" "$name"; then
         summary+=("PASS $name (${wall} s)")
     else
@@ -285,4 +290,6 @@ done
 
 echo "e2e summary:"
 printf '  %s\n' "${summary[@]}"
-[ "$total_fail" -eq 0 ]
+if [ "$total_fail" -ne 0 ]; then exit 1; fi
+exit 0
+}
