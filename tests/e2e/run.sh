@@ -63,6 +63,9 @@ for s in "${scenarios[@]}"; do
 done
 
 "$HERE/fetch.sh"
+BUSYBOX="$CACHE/root-busybox-static/bin/busybox"
+[ -x "$BUSYBOX" ] || BUSYBOX="$CACHE/root-busybox-static/usr/bin/busybox"
+[ -x "$BUSYBOX" ] || { log "no static busybox in $CACHE/root-busybox-static"; exit 1; }
 
 # --- binaries -----------------------------------------------------------------
 log "building the CRI client example"
@@ -89,9 +92,9 @@ fi
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 build_image() {
     local out="$WORK/images/busybox.tar" d="$WORK/image"
-    [ -s "$out" ] && [ "$out" -nt /bin/busybox ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && return
+    [ -s "$out" ] && [ "$out" -nt "$BUSYBOX" ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && return
     rm -rf "$d" && mkdir -p "$d/layer/bin" "$d/oci/blobs/sha256" "$WORK/images"
-    cp /bin/busybox "$d/layer/bin/busybox"
+    cp "$BUSYBOX" "$d/layer/bin/busybox"
     for a in sh sleep cat ls true; do ln -s busybox "$d/layer/bin/$a"; done
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$d/layer" -cf "$d/layer.tar" .
     local layer lsize config csize manifest msize
@@ -198,9 +201,9 @@ build_initramfs() {
     rm -rf "$r"
     mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,lib/x86_64-linux-gnu,lib64,etc/containerd,e2e/bin,e2e/scenarios,e2e/images,opt/nri/plugins,etc/nri/conf.d,root,var/log,var/lib,run}
     ln -s ../run "$r/var/run"
-    cp /bin/busybox "$r/bin/busybox"
+    cp "$BUSYBOX" "$r/bin/busybox"
     # busybox applets (sh, mount, ip, ...) as symlinks; skip ones we ship for real
-    for a in $(/bin/busybox --list); do
+    for a in $("$BUSYBOX" --list); do
         [ -e "$r/bin/$a" ] || ln -s busybox "$r/bin/$a"
     done
     cp "$HERE/guest/init" "$r/init"
