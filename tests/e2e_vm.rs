@@ -4,7 +4,7 @@
 //! when `NRI_QOS_E2E=1` (CI sets it); otherwise each test prints a skip notice.
 //!
 //! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, default none),
-//! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic).
+//! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,memoryqos,kubelet).
 
 use std::io::Write;
 use std::process::Command;
@@ -26,7 +26,8 @@ fn run_e2e(containerd: &str) {
     }
     let _vm = VM.lock().unwrap_or_else(|e| e.into_inner());
     let plugin = std::env::var("NRI_QOS_E2E_PLUGIN").unwrap_or_else(|_| "none".into());
-    let scenarios = std::env::var("NRI_QOS_E2E_SCENARIOS").unwrap_or_else(|_| "basic".into());
+    let scenarios =
+        std::env::var("NRI_QOS_E2E_SCENARIOS").unwrap_or_else(|_| "basic,memoryqos,kubelet".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/run.sh");
     let status = Command::new("bash")
         .arg(script)

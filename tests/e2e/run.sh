@@ -20,7 +20,7 @@ VM_MEM="${E2E_VM_MEM:-2048}"
 VM_CPUS="${E2E_VM_CPUS:-2}"
 
 versions=(1.7 2.1)
-scenarios=(basic)
+scenarios=(basic memoryqos kubelet)
 plugin=none
 timing_pods=3
 
