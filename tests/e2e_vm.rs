@@ -4,7 +4,8 @@
 //! when `NRI_QOS_E2E=1` (CI sets it); otherwise each test prints a skip notice.
 //!
 //! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, default none),
-//! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,memoryqos,kubelet).
+//! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,memoryqos,kubelet),
+//! `NRI_QOS_E2E_TIMING_PODS` (default 1).
 
 use std::io::Write;
 use std::process::Command;
@@ -28,12 +29,15 @@ fn run_e2e(containerd: &str) {
     let plugin = std::env::var("NRI_QOS_E2E_PLUGIN").unwrap_or_else(|_| "none".into());
     let scenarios =
         std::env::var("NRI_QOS_E2E_SCENARIOS").unwrap_or_else(|_| "basic,memoryqos,kubelet".into());
+    // One timing pod keeps the suite well inside CI's budget on a busy machine.
+    let timing_pods = std::env::var("NRI_QOS_E2E_TIMING_PODS").unwrap_or_else(|_| "1".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/run.sh");
     let status = Command::new("bash")
         .arg(script)
         .args(["--containerd", containerd])
         .args(["--plugin", &plugin])
         .args(["--scenario", &scenarios])
+        .args(["--timing-pods", &timing_pods])
         .status()
         .expect("could not start bash tests/e2e/run.sh");
     assert!(
