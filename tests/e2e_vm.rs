@@ -21,7 +21,7 @@ fn run_e2e(containerd: &str) {
         let _ = writeln!(
             std::io::stderr(),
             "SKIPPED e2e VM test for containerd {containerd}: set NRI_QOS_E2E=1 to boot \
-             the qemu VM (tests/e2e/run.sh, about 2 minutes per containerd version)"
+             the qemu VM (tests/e2e/run.sh, a few minutes per containerd version)"
         );
         return;
     }
