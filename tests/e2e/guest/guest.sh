@@ -8,6 +8,7 @@ export PATH=/usr/bin:/usr/sbin:/bin:/sbin
 # shellcheck source=/dev/null
 . /e2e/env
 exec >/dev/console 2>&1
+echo # the firmware leaves escape codes on the console line; start a clean one
 
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 info() { echo "E2E-INFO t=$(uptime_s)s $*"; }
