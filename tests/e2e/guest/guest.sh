@@ -8,6 +8,7 @@ export PATH=/usr/bin:/usr/sbin:/bin:/sbin
 # shellcheck source=/dev/null
 . /e2e/env
 exec >/dev/console 2>&1
+echo # the firmware leaves escape codes on the console line; start a clean one
 
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 info() { echo "E2E-INFO t=$(uptime_s)s $*"; }
@@ -76,6 +77,7 @@ else
     info "no NRI socket (NRI disabled?)"
 fi
 
+rc=0
 plugin_pid=""
 case "$E2E_PLUGIN" in
 external)
@@ -89,7 +91,10 @@ external)
     if kill -0 "$plugin_pid" 2>/dev/null; then
         check plugin.external PASS "pid $plugin_pid running"
     else
-        check plugin.external FAIL "exited early: $(tail -n 5 /var/log/nri-qos.log | tr '\n' ' ')"
+        code=0
+        wait "$plugin_pid" || code=$?
+        check plugin.external FAIL "exited early with status $code: $(tail -n 5 /var/log/nri-qos.log | tr '\n' ' ')"
+        rc=1
     fi
     ;;
 prelaunched)
@@ -98,17 +103,20 @@ prelaunched)
         check plugin.prelaunched PASS "running"
     else
         check plugin.prelaunched FAIL "not running; containerd log: $(grep -i nri /var/log/containerd.log | tail -n 3 | tr '\n' ' ')"
+        rc=1
     fi
     ;;
 esac
 
-rc=0
 for s in $E2E_SCENARIOS; do
     info "scenario $s: start"
     set -- run "/e2e/scenarios/$s.json"
     if [ "$E2E_PLUGIN" = none ]; then
         # Without a plugin the runtime must apply the CRI request unchanged.
         set -- "$@" --expect-cri
+    elif [ -f "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json" ]; then
+        # per-version expectations win over the common ones
+        set -- "$@" --expect "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json"
     elif [ -f "/e2e/scenarios/$s.expected.json" ]; then
         set -- "$@" --expect "/e2e/scenarios/$s.expected.json"
     fi
