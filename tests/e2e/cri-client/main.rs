@@ -71,6 +71,8 @@ enum Cmd {
         #[arg(long)]
         keep: bool,
     },
+    /// Stop and remove every pod sandbox (after `run --keep`)
+    Cleanup,
     /// Start N pods (RunPodSandbox + CreateContainer + StartContainer) and time them
     Timing {
         #[arg(long, default_value_t = 5)]
@@ -759,6 +761,22 @@ async fn main() -> Result<()> {
             parent,
             image,
         } => timing(&mut client, pods, &parent, &image).await?,
+        Cmd::Cleanup => {
+            let mut errors = Vec::new();
+            for p in client.list_pod_sandboxes().await? {
+                if let Err(e) = client.stop_pod_sandbox(&p.id).await {
+                    errors.push(format!("stop {}: {e:#}", p.id));
+                } else if let Err(e) = client.remove_pod_sandbox(&p.id).await {
+                    errors.push(format!("remove {}: {e:#}", p.id));
+                }
+            }
+            let left = client.list_pod_sandboxes().await?.len();
+            check(
+                "cleanup",
+                errors.is_empty() && left == 0,
+                &format!("{left} sandboxes left {}", errors.join("; ")),
+            )
+        }
     };
     if !ok {
         std::process::exit(1);
