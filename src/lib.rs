@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod config;
+pub mod metrics;
 pub mod node;
 pub mod nri;
 pub mod observability;
