@@ -451,10 +451,29 @@ async fn handle(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()>
         stream.shutdown().await
     };
     match tokio::time::timeout(REQUEST_TIMEOUT, write).await {
-        Ok(r) => r,
-        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        Ok(r) => r?,
+        Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
     }
+    // Lingering close: closing with unread input makes the kernel send a
+    // reset that can destroy our answer in flight (oversized requests), so
+    // discard what is left, bounded in bytes and time.
+    let drain = async {
+        let mut sink = [0u8; 1024];
+        let mut left = DRAIN_BYTES;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    Ok(())
 }
+
+/// Most unread input discarded before closing, and for how long.
+const DRAIN_BYTES: usize = 64 * 1024;
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Blocking health check for an `exec` liveness probe (`nri-qos health`):
 /// `GET /healthz` on `addr` must answer 200 within `timeout`.
