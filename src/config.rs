@@ -316,6 +316,12 @@ impl Config {
                 reason: e.to_string(),
             }
         })?;
+        self.policy
+            .validate()
+            .map_err(|reason| ConfigError::Invalid {
+                field: "policy",
+                reason,
+            })?;
         if !matches!(self.plugin.log_format.as_str(), "text" | "json") {
             return Err(ConfigError::Invalid {
                 field: "plugin.log-format",

@@ -26,6 +26,9 @@ struct Cli {
 enum Command {
     /// Run the NRI plugin (the default when no command is given).
     Run(RunArgs),
+    /// Compare what the policy wants with the node's real cgroup values.
+    /// Exits with status 1 when any value drifts.
+    Audit(AuditArgs),
     /// Validate a config file and print the effective configuration.
     CheckConfig {
         /// The TOML file to check.
@@ -67,11 +70,68 @@ struct RunArgs {
     log_level: Option<String>,
 }
 
+#[derive(Args, Debug)]
+struct AuditArgs {
+    /// Config file (default: /etc/nri-qos/nri-qos.toml when it exists).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Runtime NRI socket to take the pod list from.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Output: table or json.
+    #[arg(long, default_value = "table")]
+    output: String,
+    /// How long to wait for the runtime's Synchronize.
+    #[arg(long, default_value_t = 10)]
+    timeout_seconds: u64,
+}
+
+fn run_audit(args: AuditArgs) -> anyhow::Result<()> {
+    let mut cfg = load_config(args.config.as_deref())?;
+    if let Some(s) = args.socket {
+        cfg.plugin.socket = s;
+    }
+    if !matches!(args.output.as_str(), "table" | "json") {
+        bail!("--output must be table or json, not {:?}", args.output);
+    }
+    let node = nri_qos::node::read_node_facts(
+        &cfg.node.proc_root,
+        &cfg.node.cgroup_root,
+        cfg.node.memory_allocatable,
+    )?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let snap = rt.block_on(nri_qos::audit::collect(
+        &cfg.plugin.socket,
+        std::time::Duration::from_secs(args.timeout_seconds),
+    ))?;
+    let report = nri_qos::audit::audit(
+        &snap,
+        &node,
+        &cfg.policy,
+        &cfg.hierarchy,
+        &cfg.node.cgroup_root,
+        &cfg.node.proc_root,
+    );
+    if args.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", nri_qos::audit::render_table(&report));
+    }
+    if report.drift > 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         None => run_plugin(RunArgs::default()),
         Some(Command::Run(args)) => run_plugin(args),
+        Some(Command::Audit(args)) => run_audit(args),
         Some(Command::CheckConfig { file }) => {
             let cfg = Config::load(&file)?;
             println!(
@@ -158,10 +218,17 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
         cfg.plugin.index = id.index;
     }
     cfg.validate()?;
+    let prelaunched = env("NRI_PLUGIN_SOCKET").is_some();
     nri_qos::observability::init(
         &cfg.plugin.log_format,
         &cfg.plugin.log_level,
         cfg.plugin.log_file.as_deref(),
+        // The runtime discards a pre-launched plugin's stderr.
+        if prelaunched {
+            nri_qos::observability::Journal::IfPresent
+        } else {
+            nri_qos::observability::Journal::Off
+        },
     )
     .context("setting up logging")?;
 

@@ -1,16 +1,34 @@
-//! Logging, set up once per process. Logs go to stderr (a pre-launched
-//! plugin's stdout is discarded by the runtime) and optionally to a file.
+//! Logging, set up once per process: to stderr, optionally to a file, and to
+//! the systemd journal when asked (a pre-launched plugin's stdout and stderr
+//! are /dev/null, so the journal is where its logs can go).
 
 use std::path::Path;
 
 use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Where logs go besides stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Journal {
+    /// Also log to journald if its socket exists.
+    IfPresent,
+    Off,
+}
 
 /// `level` is a tracing filter ("info", "nri_qos=debug"); `RUST_LOG` wins.
-pub fn init(format: &str, level: &str, file: Option<&Path>) -> std::io::Result<()> {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(level))
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+pub fn init(
+    format: &str,
+    level: &str,
+    file: Option<&Path>,
+    journal: Journal,
+) -> std::io::Result<()> {
+    let filter = || {
+        EnvFilter::try_from_default_env()
+            .or_else(|_| EnvFilter::try_new(level))
+            .unwrap_or_else(|_| EnvFilter::new("info"))
+    };
     let file = match file {
         Some(p) => Some(
             std::fs::OpenOptions::new()
@@ -24,16 +42,27 @@ pub fn init(format: &str, level: &str, file: Option<&Path>) -> std::io::Result<(
         Some(f) => BoxMakeWriter::new(std::io::stderr.and(std::sync::Mutex::new(f))),
         None => BoxMakeWriter::new(std::io::stderr),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_ansi(false);
-    let result = if format == "json" {
-        builder.json().try_init()
+    let fmt = if format == "json" {
+        fmt.json().with_filter(filter()).boxed()
     } else {
-        builder.try_init()
+        fmt.with_filter(filter()).boxed()
+    };
+    let journald = match journal {
+        Journal::IfPresent if Path::new("/run/systemd/journal/socket").exists() => {
+            tracing_journald::layer().ok().map(|l| {
+                l.with_syslog_identifier("nri-qos".into())
+                    .with_filter(filter())
+            })
+        }
+        _ => None,
     };
     // A second init (tests) is harmless.
-    let _ = result;
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(journald)
+        .try_init();
     Ok(())
 }

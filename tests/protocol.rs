@@ -499,3 +499,84 @@ fn prelaunched_mode_talks_on_fd3_and_exits_when_the_runtime_goes() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[tokio::test]
+async fn drop_in_config_from_configure_is_applied_and_bad_config_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket_in(&dir);
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut plugin = PluginProcess::external(&sock, dir.path(), &[]);
+    // Valid drop-in that turns on dry run: no adjustment comes back.
+    let mut s = accept(&listener, false).await;
+    s.expect_registered().await;
+    s.plugin
+        .configure(
+            ctx(),
+            &api::ConfigureRequest {
+                config: "[plugin]\ndry-run = true\n".into(),
+                request_timeout: 2000,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let p = pod("p", "/kubepods/besteffort/podp");
+    let c = container("c", "p", 2, 0, 0, 1000);
+    let resp = s
+        .plugin
+        .create_container(
+            ctx(),
+            &api::CreateContainerRequest {
+                pod: protobuf::MessageField::some(p.clone()),
+                container: protobuf::MessageField::some(c.clone()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(resp.adjust.is_none() || resp.adjust.linux.is_none());
+    // Garbage drop-in: Configure still succeeds, the plugin keeps serving.
+    let r = s
+        .plugin
+        .configure(
+            ctx(),
+            &api::ConfigureRequest {
+                config: "this is = = not toml [".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.events, EVENTS);
+    assert!(plugin.is_running());
+    assert!(plugin
+        .log_text()
+        .contains("ignoring the runtime's drop-in config"));
+}
+
+#[tokio::test]
+async fn configure_may_arrive_before_the_registration_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket_in(&dir);
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut plugin = PluginProcess::external(&sock, dir.path(), &[]);
+    let (stream, _) = tokio::time::timeout(TIMEOUT, listener.accept())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut s = attach_with(stream, false, true).await;
+    let cfg = tokio::time::timeout(TIMEOUT, s.configured_first.recv())
+        .await
+        .expect("configure inside RegisterPlugin timed out")
+        .unwrap();
+    assert_eq!(cfg.events, EVENTS);
+    s.expect_registered().await;
+    // The session is fully usable afterwards.
+    let r = s
+        .plugin
+        .synchronize(ctx(), &api::SynchronizeRequest::new())
+        .await
+        .unwrap();
+    assert!(!r.more);
+    assert!(plugin.is_running(), "{}", plugin.log_text());
+}

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -99,6 +99,12 @@ pub struct Registry {
     pub containers: HashMap<String, ContainerRecord>,
 }
 
+#[derive(Debug, Clone)]
+struct LiveSettings {
+    policy: Arc<PolicyConfig>,
+    dry_run: bool,
+}
+
 #[derive(Default)]
 struct SyncBuffer {
     pods: Vec<api::PodSandbox>,
@@ -118,6 +124,9 @@ pub struct Counters {
 /// The Plugin service implementation.
 pub struct QosPlugin {
     settings: PluginSettings,
+    /// Policy and dry-run as currently in force: the runtime's drop-in
+    /// config (sent in Configure) may replace what we started with.
+    live: RwLock<LiveSettings>,
     runtime: Mutex<Option<RuntimeInfo>>,
     sync: Mutex<SyncBuffer>,
     registry: Arc<Mutex<Registry>>,
@@ -136,6 +145,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl QosPlugin {
     pub fn new(settings: PluginSettings) -> Self {
         QosPlugin {
+            live: RwLock::new(LiveSettings {
+                policy: Arc::new(settings.policy.clone()),
+                dry_run: settings.dry_run,
+            }),
             settings,
             runtime: Mutex::new(None),
             sync: Mutex::new(SyncBuffer::default()),
@@ -186,6 +199,39 @@ impl QosPlugin {
             .unwrap_or(false)
     }
 
+    fn live(&self) -> LiveSettings {
+        self.live.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn dry_run(&self) -> bool {
+        self.live().dry_run
+    }
+
+    /// Applies the config text the runtime sends in Configure (the plugin's
+    /// drop-in file for pre-launched plugins). Invalid text keeps what we have.
+    pub fn apply_runtime_config(&self, text: &str) {
+        if text.trim().is_empty() {
+            return;
+        }
+        match crate::config::Config::from_toml(
+            text,
+            std::path::Path::new("<runtime drop-in config>"),
+        ) {
+            Ok(cfg) => {
+                let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
+                live.policy = Arc::new(cfg.policy);
+                live.dry_run = cfg.plugin.dry_run;
+                info!(
+                    dry_run = live.dry_run,
+                    "policy taken from the runtime's drop-in config"
+                );
+            }
+            Err(e) => {
+                warn!(error = %e, "ignoring the runtime's drop-in config; keeping the current one")
+            }
+        }
+    }
+
     fn notify_changed(&self) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
@@ -210,12 +256,8 @@ impl QosPlugin {
             facts.resources = convert::resources_from_wire(r);
         }
         let started = Instant::now();
-        let decision = qos::decide(
-            &pod_facts,
-            &facts,
-            &self.settings.node,
-            &self.settings.policy,
-        );
+        let policy = self.live().policy;
+        let decision = qos::decide(&pod_facts, &facts, &self.settings.node, &policy);
         debug!(
             pod = %format_args!("{}/{}", pod_facts.namespace, pod_facts.name),
             container = %facts.name,
@@ -285,7 +327,7 @@ impl QosPlugin {
     /// On runtimes that drop the oom_score_adj adjustment, write it into the
     /// started container's init process ourselves.
     fn oom_fallback(&self, container: &api::Container) {
-        if self.applies_oom_score_adj() || self.settings.dry_run || container.pid == 0 {
+        if self.applies_oom_score_adj() || self.dry_run() || container.pid == 0 {
             return;
         }
         let wanted = lock(&self.registry)
@@ -338,7 +380,7 @@ impl QosPlugin {
                 c.state.enum_value(),
                 Ok(api::ContainerState::CONTAINER_RUNNING | api::ContainerState::CONTAINER_CREATED)
             );
-            if !self.settings.adjust_existing || self.settings.dry_run || !running {
+            if !self.settings.adjust_existing || self.dry_run() || !running {
                 continue;
             }
             // oom_score_adj cannot travel in an update; the runtime applies
@@ -420,6 +462,7 @@ impl Plugin for QosPlugin {
             "configured by the runtime"
         );
         *lock(&self.runtime) = Some(info);
+        self.apply_runtime_config(&req.config);
         self.configured.send_replace(true);
         Ok(api::ConfigureResponse {
             events: EVENTS,
@@ -478,9 +521,10 @@ impl Plugin for QosPlugin {
     ) -> ttrpc::Result<api::CreateContainerResponse> {
         let decision = self.decide_and_record(&req.pod, &req.container, None);
         let mut resp = api::CreateContainerResponse::new();
+        let dry_run = self.dry_run();
         let mut counters = lock(&self.counters);
         counters.created += 1;
-        if self.settings.dry_run {
+        if dry_run {
             info!(container = %req.container.name, adjustment = ?decision.adjustment, "dry run: adjustment not returned");
             return Ok(resp);
         }
@@ -502,7 +546,7 @@ impl Plugin for QosPlugin {
         let decision =
             self.decide_and_record(&req.pod, &req.container, req.linux_resources.as_ref());
         let mut resp = api::UpdateContainerResponse::new();
-        if self.settings.dry_run {
+        if self.dry_run() {
             return Ok(resp);
         }
         // Our update replaces the CRI request, so start from what was asked

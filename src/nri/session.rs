@@ -98,8 +98,36 @@ pub async fn run_session(
     identity: &Identity,
 ) -> SessionError {
     plugin.reset_session();
+    let waiter = plugin.clone();
+    serve(
+        trunk,
+        api_ttrpc::create_plugin(plugin),
+        identity,
+        async move { waiter.wait_configured(DEFAULT_REGISTRATION_TIMEOUT).await },
+    )
+    .await
+}
+
+/// Aborts a spawned task when dropped, so a cancelled session leaves nothing behind.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Serves `services` (a Plugin implementation) on conn 1, registers on conn 2,
+/// and runs until the trunk closes. `configured` resolves to whether
+/// Configure arrived in time.
+pub async fn serve(
+    trunk: UnixStream,
+    services: std::collections::HashMap<String, ttrpc::r#async::Service>,
+    identity: &Identity,
+    configured: impl std::future::Future<Output = bool>,
+) -> SessionError {
     let (conns, driver) = mux::split(trunk);
-    let mut driver = tokio::spawn(driver);
+    let mut driver = AbortOnDrop(tokio::spawn(driver));
 
     // Serve conn 1 before registering: the runtime calls Configure right
     // after it accepts the registration, possibly before we see the reply.
@@ -111,10 +139,9 @@ pub async fn run_session(
             .chain(futures::stream::pending()),
     );
     let mut server = Server::new()
-        .register_service(api_ttrpc::create_plugin(plugin.clone()))
+        .register_service(services)
         .add_listener(listener);
     if let Err(e) = server.start().await {
-        driver.abort();
         return SessionError::Server(e.to_string());
     }
 
@@ -127,19 +154,18 @@ pub async fn run_session(
     let ctx = ttrpc::context::with_timeout(DEFAULT_REGISTRATION_TIMEOUT.as_nanos() as i64);
     let registered = tokio::select! {
         r = client.register_plugin(ctx, &req) => r.map_err(|e| SessionError::Register(e.to_string())),
-        r = &mut driver => Err(SessionError::Ended(r.unwrap_or(MuxError::Closed))),
+        r = &mut driver.0 => Err(SessionError::Ended(r.unwrap_or(MuxError::Closed))),
     };
     if let Err(e) = registered {
-        driver.abort();
         let _ = server.shutdown().await;
         return e;
     }
     info!(name = %identity.name, index = %identity.index, "registered with the runtime");
-    if !plugin.wait_configured(DEFAULT_REGISTRATION_TIMEOUT).await {
+    if !configured.await {
         warn!("runtime did not send Configure within the registration timeout");
     }
 
-    let reason = (&mut driver).await.unwrap_or(MuxError::Closed);
+    let reason = (&mut driver.0).await.unwrap_or(MuxError::Closed);
     // Keep the client alive until here: dropping it closes conn 2.
     drop(client);
     let _ = server.shutdown().await;

@@ -8,6 +8,10 @@
 
 use std::collections::BTreeMap;
 
+pub mod formulas;
+pub mod policy;
+pub mod quantity;
+
 use serde::{Deserialize, Serialize};
 
 /// Resource values as the runtime hands them over (CRI/OCI semantics).
@@ -85,6 +89,24 @@ impl Adjustment {
     }
 }
 
+/// Where a recovered memory request came from (the CRI carries none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RequestSource {
+    /// `unified["memory.min"]` set by the kubelet's Memory QoS.
+    UnifiedMemoryMin,
+    /// Our pod annotation.
+    Annotation,
+    /// Guaranteed: the request equals the limit.
+    GuaranteedLimit,
+    /// Burstable: inverted from the kubelet's oom_score_adj (resolution MemTotal/1000).
+    OomScoreAdj,
+    /// BestEffort: no request.
+    BestEffort,
+    /// Nothing to recover it from.
+    Unknown,
+}
+
 /// The policy's answer, with enough context to log why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
@@ -93,36 +115,11 @@ pub struct Decision {
     pub reason: String,
     /// Recovered memory request in bytes, when known.
     pub memory_request: Option<u64>,
+    /// Where the memory request came from.
+    pub request_source: RequestSource,
     pub adjustment: Adjustment,
     /// Things worth a log line (fallbacks taken, values clamped).
     pub notes: Vec<String>,
 }
 
-/// Policy configuration (the `[policy]` table of `config/nri-qos.toml`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
-pub struct PolicyConfig {}
-
-#[allow(clippy::derivable_impls)]
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        PolicyConfig {}
-    }
-}
-
-/// Computes what a container should get. Never fails: odd input yields an
-/// empty adjustment and a note.
-pub fn decide(
-    _pod: &PodFacts,
-    _container: &ContainerFacts,
-    _node: &NodeFacts,
-    _cfg: &PolicyConfig,
-) -> Decision {
-    Decision {
-        class: QosClass::BestEffort,
-        reason: "policy not implemented yet".into(),
-        memory_request: None,
-        adjustment: Adjustment::default(),
-        notes: Vec::new(),
-    }
-}
+pub use policy::{decide, PolicyConfig, Reservation, WeightConversion};

@@ -89,6 +89,11 @@ pub enum RuntimeEvent {
 
 struct FakeRuntime {
     events: mpsc::UnboundedSender<RuntimeEvent>,
+    /// When set, RegisterPlugin calls Configure on the plugin before it
+    /// replies, the way the runtime may (it signals success before writing
+    /// the reply).
+    configure_first: Option<Arc<std::sync::OnceLock<api_ttrpc::PluginClient>>>,
+    configured_first: mpsc::UnboundedSender<api::ConfigureResponse>,
 }
 
 #[async_trait]
@@ -98,6 +103,18 @@ impl api_ttrpc::Runtime for FakeRuntime {
         _ctx: &TtrpcContext,
         req: api::RegisterPluginRequest,
     ) -> ttrpc::Result<api::Empty> {
+        if let Some(cell) = &self.configure_first {
+            let client = cell.get().expect("plugin client set before registration");
+            let cfg = api::ConfigureRequest {
+                runtime_name: "containerd".into(),
+                runtime_version: "v2.1.9".into(),
+                request_timeout: 2000,
+                registration_timeout: 5000,
+                ..Default::default()
+            };
+            let resp = client.configure(ctx(), &cfg).await?;
+            let _ = self.configured_first.send(resp);
+        }
         let _ = self.events.send(RuntimeEvent::Registered {
             name: req.plugin_name,
             index: req.plugin_idx,
@@ -128,6 +145,8 @@ pub struct PeerSession {
     pub frames: Arc<AtomicUsize>,
     /// Closed when the plugin closed the trunk.
     pub closed: mpsc::Receiver<()>,
+    /// Configure answers given inside RegisterPlugin (see `attach_with`).
+    pub configured_first: mpsc::UnboundedReceiver<api::ConfigureResponse>,
     _server: Server,
 }
 
@@ -151,6 +170,16 @@ pub async fn accept(listener: &UnixListener, big_frames: bool) -> PeerSession {
 }
 
 pub async fn attach(stream: UnixStream, big_frames: bool) -> PeerSession {
+    attach_with(stream, big_frames, false).await
+}
+
+/// `configure_first`: call Configure from inside RegisterPlugin, before the
+/// plugin has the registration reply.
+pub async fn attach_with(
+    stream: UnixStream,
+    big_frames: bool,
+    configure_first: bool,
+) -> PeerSession {
     let (mut rd, wr) = stream.into_split();
     let wr = Arc::new(Mutex::new(wr));
     let (c1_local, c1_remote) = tokio::io::duplex(1 << 20);
@@ -207,16 +236,21 @@ pub async fn attach(stream: UnixStream, big_frames: bool) -> PeerSession {
     }
 
     let (tx, events) = mpsc::unbounded_channel();
+    let (cf_tx, configured_first) = mpsc::unbounded_channel();
+    let cell = Arc::new(std::sync::OnceLock::new());
+    let client = Client::new(Socket::new(c1_local));
+    let _ = cell.set(api_ttrpc::PluginClient::new(client.clone()));
     let mut server = Server::new()
         .register_service(api_ttrpc::create_runtime(Arc::new(FakeRuntime {
             events: tx,
+            configure_first: configure_first.then_some(cell),
+            configured_first: cf_tx,
         })))
         .add_listener(Listener::new(
             futures::stream::once(async move { Ok::<_, std::io::Error>(c2_local) })
                 .chain(futures::stream::pending()),
         ));
     server.start().await.expect("start fake runtime server");
-    let client = Client::new(Socket::new(c1_local));
     PeerSession {
         plugin: api_ttrpc::PluginClient::new(client.clone()),
         client,
@@ -225,6 +259,7 @@ pub async fn attach(stream: UnixStream, big_frames: bool) -> PeerSession {
         max_frame,
         frames,
         closed,
+        configured_first,
         _server: server,
     }
 }

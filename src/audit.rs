@@ -1,0 +1,426 @@
+//! `nri-qos audit`: what the policy wants versus what the kernel has.
+//!
+//! The facts come from the runtime itself: audit registers as a second,
+//! short-lived NRI plugin (`nri-qos-audit`, index 99), takes the runtime's
+//! Synchronize (every pod and container as the runtime sees them), and
+//! disconnects. For every container it recomputes the policy, then reads the
+//! real cgroup files and `/proc/<pid>/oom_score_adj`; for the pod, QoS and
+//! kubepods cgroups it recomputes the hierarchy keeper's plan.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use thiserror::Error;
+use tokio::sync::oneshot;
+use ttrpc::r#async::TtrpcContext;
+
+use crate::cgroup::layout::pod_cgroups;
+use crate::cgroup::plan::{self, PodProtection};
+use crate::cgroup::HierarchyConfig;
+use crate::nri::convert;
+use crate::nri::proto::{api, api_ttrpc};
+use crate::nri::session::{self, Identity, SessionError};
+use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
+
+/// Every pod and container the runtime knows, from one Synchronize.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub pods: Vec<api::PodSandbox>,
+    pub containers: Vec<api::Container>,
+}
+
+#[derive(Debug, Error)]
+pub enum AuditError {
+    #[error("cannot connect to the NRI socket {path}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the runtime ended the audit session before synchronizing: {0}")]
+    Session(#[from] SessionError),
+    #[error("the runtime did not synchronize within {0:?}")]
+    Timeout(Duration),
+}
+
+struct SnapshotPlugin {
+    partial: Mutex<Snapshot>,
+    done: Mutex<Option<oneshot::Sender<Snapshot>>>,
+}
+
+#[async_trait]
+impl api_ttrpc::Plugin for SnapshotPlugin {
+    async fn configure(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::ConfigureRequest,
+    ) -> ttrpc::Result<api::ConfigureResponse> {
+        // 0 would mean "every event"; subscribe to one harmless event instead.
+        Ok(api::ConfigureResponse {
+            events: 1 << (api::Event::REMOVE_POD_SANDBOX as i32 - 1),
+            ..Default::default()
+        })
+    }
+
+    async fn synchronize(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::SynchronizeRequest,
+    ) -> ttrpc::Result<api::SynchronizeResponse> {
+        let mut p = self.partial.lock().unwrap_or_else(|e| e.into_inner());
+        p.pods.extend(req.pods);
+        p.containers.extend(req.containers);
+        if !req.more {
+            let snap = std::mem::take(&mut *p);
+            if let Some(tx) = self.done.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = tx.send(snap);
+            }
+        }
+        Ok(api::SynchronizeResponse {
+            more: req.more,
+            ..Default::default()
+        })
+    }
+
+    async fn state_change(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::StateChangeEvent,
+    ) -> ttrpc::Result<api::Empty> {
+        Ok(api::Empty::new())
+    }
+}
+
+/// Takes one Synchronize from the runtime at `socket`.
+pub async fn collect(socket: &Path, limit: Duration) -> Result<Snapshot, AuditError> {
+    let trunk = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|source| AuditError::Connect {
+            path: socket.to_path_buf(),
+            source,
+        })?;
+    let (tx, rx) = oneshot::channel();
+    let plugin = Arc::new(SnapshotPlugin {
+        partial: Mutex::new(Snapshot::default()),
+        done: Mutex::new(Some(tx)),
+    });
+    let identity = Identity {
+        name: "nri-qos-audit".into(),
+        index: "99".into(),
+    };
+    let mut session = Box::pin(session::serve(
+        trunk,
+        api_ttrpc::create_plugin(plugin),
+        &identity,
+        async { true },
+    ));
+    let snap = tokio::select! {
+        snap = rx => snap.map_err(|_| AuditError::Timeout(limit))?,
+        end = &mut session => return Err(AuditError::Session(end)),
+        _ = tokio::time::sleep(limit) => return Err(AuditError::Timeout(limit)),
+    };
+    // Let our Synchronize answer reach the runtime before hanging up, so it
+    // does not wait out its request timeout while holding its NRI lock.
+    tokio::select! {
+        _ = &mut session => {}
+        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+    }
+    Ok(snap)
+}
+
+/// One value compared.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Check {
+    pub key: String,
+    pub expected: String,
+    pub actual: String,
+    pub ok: bool,
+}
+
+/// A container, or a pod / QoS / kubepods cgroup, and its checks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Subject {
+    /// `ns/pod/container`, or the cgroup path for hierarchy levels.
+    pub name: String,
+    pub class: Option<QosClass>,
+    pub cgroup: String,
+    pub checks: Vec<Check>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditReport {
+    pub containers: Vec<Subject>,
+    pub hierarchy: Vec<Subject>,
+    /// Containers or cgroups we could not check, and why.
+    pub skipped: Vec<String>,
+    pub drift: usize,
+}
+
+fn read_trimmed(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// The container's cgroup directory from the runtime's cgroups path:
+/// `/parent/id` (cgroupfs) or `slice:prefix:id` (systemd).
+pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
+    let parts: Vec<&str> = cgroups_path.split(':').collect();
+    match parts.as_slice() {
+        [path] if !path.is_empty() => Some(PathBuf::from(path.trim_start_matches('/'))),
+        [slice, prefix, id] if slice.ends_with(".slice") && !id.is_empty() => {
+            Some(systemd_slice_path(slice).join(format!("{prefix}-{id}.scope")))
+        }
+        _ => None,
+    }
+}
+
+/// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
+pub fn systemd_slice_path(slice: &str) -> PathBuf {
+    let name = slice.strip_suffix(".slice").unwrap_or(slice);
+    let mut path = PathBuf::new();
+    let mut prefix = String::new();
+    for part in name.split('-') {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.push_str(part);
+        path.push(format!("{prefix}.slice"));
+    }
+    path
+}
+
+fn check(key: &str, expected: String, actual: Option<String>) -> Check {
+    let actual = actual.unwrap_or_else(|| "(unreadable)".into());
+    Check {
+        key: key.into(),
+        ok: expected == actual,
+        expected,
+        actual,
+    }
+}
+
+/// Compares policy and kernel for every container and kubelet-owned cgroup.
+pub fn audit(
+    snap: &Snapshot,
+    node: &NodeFacts,
+    policy: &PolicyConfig,
+    hierarchy: &HierarchyConfig,
+    cgroup_root: &Path,
+    proc_root: &Path,
+) -> AuditReport {
+    let mut report = AuditReport::default();
+    let pods: HashMap<&str, &api::PodSandbox> =
+        snap.pods.iter().map(|p| (p.id.as_str(), p)).collect();
+    let mut protection: HashMap<&str, (u64, u64)> = HashMap::new();
+    for c in &snap.containers {
+        let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
+            report.skipped.push(format!(
+                "container {}: pod {} unknown",
+                c.id, c.pod_sandbox_id
+            ));
+            continue;
+        };
+        let pod_facts = convert::pod_from_wire(pod);
+        let facts = convert::container_from_wire(c);
+        let d = qos::decide(&pod_facts, &facts, node, policy);
+        let eff = qos::policy::effective(&facts.resources, &d.adjustment);
+        let bytes = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok());
+        let e = protection.entry(c.pod_sandbox_id.as_str()).or_default();
+        e.0 += bytes("memory.min").unwrap_or(0);
+        e.1 += bytes("memory.low").unwrap_or(0);
+
+        let name = format!("{}/{}/{}", pod_facts.namespace, pod_facts.name, facts.name);
+        let Some(rel) = container_cgroup_dir(&facts.cgroups_path) else {
+            report.skipped.push(format!(
+                "{name}: cgroups path {:?} not understood",
+                facts.cgroups_path
+            ));
+            continue;
+        };
+        let dir = cgroup_root.join(&rel);
+        if !dir.is_dir() {
+            report
+                .skipped
+                .push(format!("{name}: no cgroup at {}", dir.display()));
+            continue;
+        }
+        let file = |f: &str| read_trimmed(&dir.join(f));
+        let mut checks = Vec::new();
+        if node.cgroup_v2 {
+            if let Some(w) = eff.unified.get("cpu.weight") {
+                checks.push(check("cpu.weight", w.clone(), file("cpu.weight")));
+            }
+            let period = eff.cpu_period.unwrap_or(100_000);
+            let cpu_max = match eff.cpu_quota {
+                Some(q) if q > 0 => format!("{q} {period}"),
+                _ => format!("max {period}"),
+            };
+            checks.push(check("cpu.max", cpu_max, file("cpu.max")));
+            let mem_max = eff
+                .memory_limit
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "max".into());
+            checks.push(check("memory.max", mem_max, file("memory.max")));
+            for (key, default) in [
+                ("memory.min", "0"),
+                ("memory.low", "0"),
+                ("memory.high", "max"),
+            ] {
+                let want = eff
+                    .unified
+                    .get(key)
+                    .cloned()
+                    .unwrap_or_else(|| default.to_string());
+                checks.push(check(key, want, file(key)));
+            }
+        }
+        let want_oom = d.adjustment.oom_score_adj.or(facts.oom_score_adj);
+        if let (Some(want), true) = (want_oom, c.pid > 0) {
+            let path = proc_root.join(c.pid.to_string()).join("oom_score_adj");
+            checks.push(check(
+                "oom_score_adj",
+                want.to_string(),
+                read_trimmed(&path),
+            ));
+        }
+        report.drift += checks.iter().filter(|c| !c.ok).count();
+        report.containers.push(Subject {
+            name,
+            class: Some(d.class),
+            cgroup: rel.display().to_string(),
+            checks,
+        });
+    }
+
+    if node.cgroup_v2 && hierarchy.enabled {
+        let pods: Vec<PodProtection> = snap
+            .pods
+            .iter()
+            .filter_map(|p| {
+                let cgroups = pod_cgroups(&p.linux.cgroup_parent)?;
+                let (min, low) = protection.get(p.id.as_str()).copied().unwrap_or_default();
+                Some(PodProtection {
+                    cgroups,
+                    memory_min: min,
+                    memory_low: low,
+                })
+            })
+            .collect();
+        let classes: HashMap<PathBuf, QosClass> = pods
+            .iter()
+            .map(|p| (p.cgroups.pod.clone(), p.cgroups.class))
+            .collect();
+        let budget = plan::budget(
+            node.memory_capacity,
+            hierarchy.reserve_bytes,
+            hierarchy.budget_share,
+        );
+        for (cg, want) in plan::targets(&pods, budget).by_cgroup {
+            let dir = cgroup_root.join(&cg);
+            if !dir.is_dir() {
+                report
+                    .skipped
+                    .push(format!("no cgroup at {}", dir.display()));
+                continue;
+            }
+            let checks = vec![
+                check(
+                    "memory.min",
+                    want.min.to_string(),
+                    read_trimmed(&dir.join("memory.min")),
+                ),
+                check(
+                    "memory.low",
+                    want.low.to_string(),
+                    read_trimmed(&dir.join("memory.low")),
+                ),
+            ];
+            report.drift += checks.iter().filter(|c| !c.ok).count();
+            report.hierarchy.push(Subject {
+                name: cg.display().to_string(),
+                class: classes.get(&cg).copied(),
+                cgroup: cg.display().to_string(),
+                checks,
+            });
+        }
+    }
+    report
+}
+
+/// A readable table; drifting values are marked.
+pub fn render_table(r: &AuditReport) -> String {
+    let mut out = String::new();
+    let mut rows = vec![[
+        "SUBJECT".to_string(),
+        "CLASS".into(),
+        "KEY".into(),
+        "EXPECTED".into(),
+        "ACTUAL".into(),
+        String::new(),
+    ]];
+    for s in r.containers.iter().chain(r.hierarchy.iter()) {
+        for c in &s.checks {
+            rows.push([
+                s.name.clone(),
+                s.class
+                    .map(|c| format!("{c:?}"))
+                    .unwrap_or_else(|| "-".into()),
+                c.key.clone(),
+                c.expected.clone(),
+                c.actual.clone(),
+                if c.ok { String::new() } else { "DRIFT".into() },
+            ]);
+        }
+    }
+    let widths: Vec<usize> = (0..6)
+        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    for s in &r.skipped {
+        out.push_str(&format!("skipped: {s}\n"));
+    }
+    out.push_str(&format!(
+        "{} containers, {} hierarchy cgroups, {} drifting values\n",
+        r.containers.len(),
+        r.hierarchy.len(),
+        r.drift
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_dirs_for_both_drivers() {
+        assert_eq!(
+            container_cgroup_dir("/kubepods/burstable/poda/abc"),
+            Some(PathBuf::from("kubepods/burstable/poda/abc"))
+        );
+        assert_eq!(
+            container_cgroup_dir("kubepods-burstable-pod1.slice:cri-containerd:abc"),
+            Some(PathBuf::from(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope"
+            ))
+        );
+        assert_eq!(container_cgroup_dir(""), None);
+        assert_eq!(container_cgroup_dir("a:b"), None);
+    }
+}

@@ -1,0 +1,789 @@
+//! The policy: class, recovered requests, and the settings each class gets.
+//!
+//! Pure and infallible: every odd input leads to "leave it alone" plus a
+//! note, never a panic or an error (a runtime fails container creation when
+//! a plugin returns an error).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::formulas::{self as f, MAX_SHARES, MIN_SHARES};
+use super::quantity;
+use super::{
+    Adjustment, ContainerFacts, Decision, NodeFacts, PodFacts, QosClass, RequestSource, Resources,
+};
+use crate::cgroup::layout::pod_cgroups;
+
+/// Pod annotation with an explicit memory request for every container of the
+/// pod without its own (a Kubernetes quantity, e.g. `256Mi`).
+pub const MEMORY_REQUEST_ANNOTATION: &str = "memory-request.qos.nri-qos.io";
+/// Per-container form: `memory-request.qos.nri-qos.io/<container-name>`.
+pub const MEMORY_REQUEST_ANNOTATION_PREFIX: &str = "memory-request.qos.nri-qos.io/";
+/// Pod annotation `memory-high.qos.nri-qos.io: "off"` opts a pod out of memory.high.
+pub const MEMORY_HIGH_ANNOTATION: &str = "memory-high.qos.nri-qos.io";
+/// containerd's annotation telling the sandbox (pause) container apart.
+pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
+
+/// How shares become cgroup v2 `cpu.weight`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WeightConversion {
+    /// runc ≥ 1.3.2 / crun ≥ 1.23: 1 CPU (1024 shares) → 100, like a systemd service.
+    Quadratic,
+    /// KEP-2254 linear: 1 CPU → 39.
+    Linear,
+    /// Do not set cpu.weight; the runtime converts shares itself.
+    Off,
+}
+
+/// Which memory protection requests buy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Reservation {
+    /// Guaranteed: memory.min = request; Burstable: memory.low = request (KEP-2570 1.36).
+    Tiered,
+    /// memory.min = request for Guaranteed and Burstable (the 1.27 alpha design).
+    Min,
+    /// No protection.
+    None,
+}
+
+/// Policy configuration (the `[policy]` table of `config/nri-qos.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct PolicyConfig {
+    /// shares → cpu.weight conversion on cgroup v2.
+    pub cpu_weight: WeightConversion,
+    /// Keep cpu.shares within 2..=262144 and quota at least 1000 µs.
+    pub clamp_cpu: bool,
+    /// Memory protection from requests.
+    pub memory_reservation: Reservation,
+    /// Set memory.high for Burstable and BestEffort (KEP-2570).
+    pub memory_high: bool,
+    /// memory.high = request + factor × (limit − request); in (0, 1].
+    pub memory_throttling_factor: f64,
+    /// Set oom_score_adj by class.
+    pub oom_score_adj: bool,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            cpu_weight: WeightConversion::Quadratic,
+            clamp_cpu: true,
+            memory_reservation: Reservation::Tiered,
+            memory_high: true,
+            memory_throttling_factor: 0.9,
+            oom_score_adj: true,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// Checks values serde cannot; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let f = self.memory_throttling_factor;
+        if !(f.is_finite() && f > 0.0 && f <= 1.0) {
+            return Err(format!(
+                "policy.memory-throttling-factor must be in (0, 1], not {f}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// True for the pod sandbox (pause) container.
+pub fn is_sandbox(container: &ContainerFacts) -> bool {
+    container
+        .annotations
+        .get(CONTAINER_TYPE_ANNOTATION)
+        .is_some_and(|t| t == "sandbox")
+}
+
+fn cpu_milli_limit(r: &Resources) -> Option<u64> {
+    let quota = u64::try_from(r.cpu_quota?).ok().filter(|q| *q > 0)?;
+    // As the kernel will see it after the minimum-quota clamp, so the class
+    // does not change when our own adjustment is applied.
+    let quota = quota.max(f::MIN_QUOTA as u64);
+    let period = r.cpu_period.filter(|p| *p > 0).unwrap_or(f::QUOTA_PERIOD);
+    Some(quota.saturating_mul(1000) / period)
+}
+
+/// Class from what the runtime sees when the kubelet's cgroup parent does
+/// not say: BestEffort = no CPU request, no CPU limit, no memory limit;
+/// Guaranteed = CPU and memory limits, with the CPU request (from shares)
+/// equal to the CPU limit; Burstable otherwise. The memory request is not
+/// visible, so it is taken to equal the limit — a pod with a smaller memory
+/// request but equal CPU values is classified Guaranteed here.
+pub fn class_from_resources(r: &Resources) -> (QosClass, &'static str) {
+    let shares = r.cpu_shares.unwrap_or(0);
+    let cpu_limit = cpu_milli_limit(r);
+    let mem_limit = r.memory_limit.filter(|l| *l > 0);
+    if shares <= MIN_SHARES && cpu_limit.is_none() && mem_limit.is_none() {
+        return (QosClass::BestEffort, "no CPU request and no limits");
+    }
+    if let (Some(milli), Some(_)) = (cpu_limit, mem_limit) {
+        if f::milli_cpu_to_shares(milli) == shares.clamp(MIN_SHARES, MAX_SHARES) {
+            return (
+                QosClass::Guaranteed,
+                "CPU and memory limits set, CPU request equals the limit",
+            );
+        }
+    }
+    (
+        QosClass::Burstable,
+        "requests below limits or limits missing",
+    )
+}
+
+/// The pod's class and why.
+pub fn classify(pod: &PodFacts, container: &ContainerFacts) -> (QosClass, String) {
+    if let Some(cg) = pod_cgroups(&pod.cgroup_parent) {
+        return (
+            cg.class,
+            format!("kubelet cgroup parent {}", pod.cgroup_parent),
+        );
+    }
+    if let Some(r) = pod
+        .resources
+        .as_ref()
+        .filter(|r| **r != Resources::default())
+    {
+        let (c, why) = class_from_resources(r);
+        return (c, format!("pod-level resources: {why}"));
+    }
+    let (c, why) = class_from_resources(&container.resources);
+    (c, format!("container resources: {why}"))
+}
+
+/// The memory request and where it came from.
+pub fn memory_request(
+    pod: &PodFacts,
+    container: &ContainerFacts,
+    class: QosClass,
+    node: &NodeFacts,
+    notes: &mut Vec<String>,
+) -> (Option<u64>, RequestSource) {
+    if let Some(v) = container.resources.unified.get("memory.min") {
+        match v.trim().parse::<u64>() {
+            Ok(b) if b > 0 => return (Some(b), RequestSource::UnifiedMemoryMin),
+            Ok(_) => {}
+            Err(_) => notes.push(format!(
+                "ignoring unified memory.min {v:?}: not a byte count"
+            )),
+        }
+    }
+    let per_container = format!("{MEMORY_REQUEST_ANNOTATION_PREFIX}{}", container.name);
+    for key in [per_container.as_str(), MEMORY_REQUEST_ANNOTATION] {
+        if let Some(v) = pod.annotations.get(key) {
+            match quantity::parse_bytes(v) {
+                Ok(b) => return (Some(b), RequestSource::Annotation),
+                Err(e) => notes.push(format!("ignoring annotation {key}: {e}")),
+            }
+        }
+    }
+    let limit = container
+        .resources
+        .memory_limit
+        .and_then(|l| u64::try_from(l).ok())
+        .filter(|l| *l > 0);
+    match class {
+        QosClass::BestEffort => (None, RequestSource::BestEffort),
+        QosClass::Guaranteed => match limit {
+            Some(l) => (Some(l), RequestSource::GuaranteedLimit),
+            None => (None, RequestSource::Unknown),
+        },
+        // Only the kubelet computes oom_score_adj from the request; a value
+        // from another client (crictl) says nothing about it.
+        QosClass::Burstable if pod_cgroups(&pod.cgroup_parent).is_none() => {
+            (None, RequestSource::Unknown)
+        }
+        QosClass::Burstable => match container
+            .oom_score_adj
+            .and_then(|adj| f::memory_request_from_oom_score_adj(adj, node.memory_capacity))
+        {
+            Some(r) => {
+                // Never more than the limit, whatever the inversion says.
+                let r = limit.map_or(r, |l| r.min(l));
+                (Some(r), RequestSource::OomScoreAdj)
+            }
+            None => (None, RequestSource::Unknown),
+        },
+    }
+}
+
+fn set_unified(adj: &mut Adjustment, current: &Resources, key: &str, value: String) {
+    if current.unified.get(key) != Some(&value) {
+        adj.unified.insert(key.to_string(), value);
+    }
+}
+
+/// Computes what a container should get. Never fails.
+pub fn decide(
+    pod: &PodFacts,
+    container: &ContainerFacts,
+    node: &NodeFacts,
+    cfg: &PolicyConfig,
+) -> Decision {
+    let mut notes = Vec::new();
+    let (class, reason) = classify(pod, container);
+    let mut adj = Adjustment::default();
+    let cur = &container.resources;
+
+    if is_sandbox(container) {
+        if cfg.oom_score_adj && container.oom_score_adj != Some(f::SANDBOX_OOM_SCORE_ADJ) {
+            adj.oom_score_adj = Some(f::SANDBOX_OOM_SCORE_ADJ);
+        }
+        return Decision {
+            class,
+            reason: format!("{reason}; pod sandbox"),
+            memory_request: None,
+            request_source: RequestSource::Unknown,
+            adjustment: adj,
+            notes,
+        };
+    }
+
+    let (request, source) = memory_request(pod, container, class, node, &mut notes);
+    let page = node.page_size.max(1);
+    let request = request.map(|r| f::page_align_down(r, page));
+
+    // CPU.
+    let shares = cur.cpu_shares.unwrap_or(MIN_SHARES);
+    let clamped = shares.clamp(MIN_SHARES, MAX_SHARES);
+    if cfg.clamp_cpu {
+        if cur.cpu_shares.is_some() && clamped != shares {
+            notes.push(format!("cpu shares {shares} clamped to {clamped}"));
+            adj.cpu_shares = Some(clamped);
+        }
+        if let Some(q) = cur.cpu_quota {
+            if q > 0 && q < f::MIN_QUOTA {
+                notes.push(format!(
+                    "cpu quota {q} raised to the {} µs minimum",
+                    f::MIN_QUOTA
+                ));
+                adj.cpu_quota = Some(f::MIN_QUOTA);
+                if cur.cpu_period.is_none() {
+                    adj.cpu_period = Some(f::QUOTA_PERIOD);
+                }
+            }
+        }
+    }
+
+    if node.cgroup_v2 {
+        let weight = match cfg.cpu_weight {
+            WeightConversion::Quadratic => Some(f::cpu_weight_quadratic(clamped)),
+            WeightConversion::Linear => Some(f::cpu_weight_linear(clamped)),
+            WeightConversion::Off => None,
+        };
+        if let Some(w) = weight {
+            set_unified(&mut adj, cur, "cpu.weight", w.to_string());
+        }
+
+        let limit = cur
+            .memory_limit
+            .and_then(|l| u64::try_from(l).ok())
+            .filter(|l| *l > 0);
+        // Cap at the limit first, then align: memory.min ≤ memory.max and whole pages.
+        let protected = request
+            .map(|r| f::page_align_down(limit.map_or(r, |l| r.min(l)), page))
+            .filter(|r| *r > 0);
+        if let Some(r) = protected {
+            let key = match (cfg.memory_reservation, class) {
+                (Reservation::None, _) | (_, QosClass::BestEffort) => None,
+                (Reservation::Tiered, QosClass::Burstable) => Some("memory.low"),
+                _ => Some("memory.min"),
+            };
+            if let Some(k) = key {
+                set_unified(&mut adj, cur, k, r.to_string());
+            }
+        }
+
+        let opted_out = pod
+            .annotations
+            .get(MEMORY_HIGH_ANNOTATION)
+            .is_some_and(|v| v.eq_ignore_ascii_case("off") || v == "false");
+        if cfg.memory_high && !opted_out && class != QosClass::Guaranteed {
+            let req = match class {
+                QosClass::BestEffort => 0,
+                _ => protected.unwrap_or(0),
+            };
+            if class == QosClass::Burstable && request.is_none() {
+                notes.push(
+                    "memory request unknown: memory.high computed from a zero request".into(),
+                );
+            }
+            if let Some(h) = f::memory_high(
+                req,
+                limit,
+                node.memory_allocatable,
+                cfg.memory_throttling_factor,
+                page,
+            ) {
+                set_unified(&mut adj, cur, "memory.high", h.to_string());
+            }
+        }
+    } else {
+        notes.push("cgroup v1 node: cpu.weight, memory.min/low/high skipped".into());
+    }
+
+    if cfg.oom_score_adj {
+        let given = container.oom_score_adj;
+        let want = match class {
+            QosClass::Guaranteed => Some(given.map_or(f::GUARANTEED_OOM_SCORE_ADJ, |g| {
+                // Lower values (system daemons, node-critical pods) stay.
+                g.min(f::GUARANTEED_OOM_SCORE_ADJ)
+            })),
+            QosClass::BestEffort => Some(f::BESTEFFORT_OOM_SCORE_ADJ),
+            // The kubelet's value already accounts for sidecars, pod-level
+            // requests and critical pods, which we cannot see: keep it when
+            // it is a Burstable value; compute one only when it is not.
+            QosClass::Burstable => match given {
+                Some(g) if (3..=999).contains(&g) || g == f::GUARANTEED_OOM_SCORE_ADJ => None,
+                _ => Some(f::burstable_oom_score_adj(
+                    request.unwrap_or(0),
+                    node.memory_capacity,
+                )),
+            },
+        };
+        if let Some(w) = want.map(|w| w.clamp(-1000, 1000)) {
+            if given != Some(w) {
+                adj.oom_score_adj = Some(w);
+            }
+        }
+    }
+
+    Decision {
+        class,
+        reason,
+        memory_request: request,
+        request_source: source,
+        adjustment: adj,
+        notes,
+    }
+}
+
+/// What the kernel ends up with for a container: the runtime's values with
+/// ours on top. Used by `explain` and `audit`.
+pub fn effective(current: &Resources, adj: &Adjustment) -> Resources {
+    let mut r = current.clone();
+    r.cpu_shares = adj.cpu_shares.or(r.cpu_shares);
+    r.cpu_quota = adj.cpu_quota.or(r.cpu_quota);
+    r.cpu_period = adj.cpu_period.or(r.cpu_period);
+    r.memory_limit = adj.memory_limit.or(r.memory_limit);
+    let extra: BTreeMap<String, String> = adj.unified.clone();
+    r.unified.extend(extra);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MI: i64 = 1 << 20;
+    const GI: i64 = 1 << 30;
+    /// kubelet-qos.md §8 assumptions: C = 16 GiB, allocatable 15 GiB, page 4096, v2.
+    const NODE: NodeFacts = NodeFacts {
+        memory_capacity: 16 << 30,
+        memory_allocatable: 15 << 30,
+        page_size: 4096,
+        cgroup_v2: true,
+    };
+
+    fn pod(parent: &str, annotations: &[(&str, &str)]) -> PodFacts {
+        PodFacts {
+            namespace: "default".into(),
+            name: "p".into(),
+            uid: "u".into(),
+            cgroup_parent: parent.into(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn ctr(shares: u64, quota: i64, limit: i64, oom: i64) -> ContainerFacts {
+        ContainerFacts {
+            name: "app".into(),
+            resources: Resources {
+                cpu_shares: Some(shares),
+                cpu_quota: (quota > 0).then_some(quota),
+                cpu_period: Some(100_000),
+                memory_limit: (limit > 0).then_some(limit),
+                unified: BTreeMap::new(),
+            },
+            oom_score_adj: Some(oom),
+            ..Default::default()
+        }
+    }
+
+    const G: &str = "/kubepods/podu";
+    const B: &str = "/kubepods/burstable/podu";
+    const E: &str = "/kubepods/besteffort/podu";
+
+    fn u(d: &Decision, k: &str) -> Option<String> {
+        d.adjustment.unified.get(k).cloned()
+    }
+
+    fn s(v: i64) -> Option<String> {
+        Some(v.to_string())
+    }
+
+    /// One worked vector: (source, pod, container, cfg) → expected unified keys and oom.
+    struct Vector {
+        source: &'static str,
+        pod: PodFacts,
+        ctr: ContainerFacts,
+        cfg: PolicyConfig,
+        class: QosClass,
+        weight: Option<i64>,
+        min: Option<i64>,
+        low: Option<i64>,
+        high: Option<i64>,
+        oom: Option<i64>,
+    }
+
+    fn v(source: &'static str, pod: PodFacts, ctr: ContainerFacts, class: QosClass) -> Vector {
+        Vector {
+            source,
+            pod,
+            ctr,
+            cfg: PolicyConfig::default(),
+            class,
+            weight: None,
+            min: None,
+            low: None,
+            high: None,
+            oom: None,
+        }
+    }
+
+    fn ann(k: &'static str, v: &'static str) -> [(&'static str, &'static str); 1] {
+        [(k, v)]
+    }
+
+    const REQ: &str = "memory-request.qos.nri-qos.io/app";
+
+    fn vectors() -> Vec<Vector> {
+        use QosClass::*;
+        let linear = PolicyConfig {
+            cpu_weight: WeightConversion::Linear,
+            ..Default::default()
+        };
+        let min = PolicyConfig {
+            memory_reservation: Reservation::Min,
+            ..Default::default()
+        };
+        let none = PolicyConfig {
+            memory_reservation: Reservation::None,
+            memory_high: false,
+            ..Default::default()
+        };
+        vec![
+            Vector { weight: Some(1), high: Some(14_495_514_624), ..v("§8 row 1 BestEffort: weight 1, memory.high after the BestEffort fix", pod(E, &[]), ctr(2, 0, 0, 1000), BestEffort) },
+            Vector { weight: Some(100), min: Some(GI), ..v("§8 row 2 Guaranteed 1 CPU/1Gi: quadratic weight 100, tiered memory.min = limit", pod(G, &[]), ctr(1024, 100_000, GI, -997), Guaranteed) },
+            Vector { weight: Some(35), min: Some(256 * MI), ..v("§8 row 3 Guaranteed 250m/256Mi (requests defaulted to limits)", pod(G, &[]), ctr(256, 25_000, 256 * MI, -997), Guaranteed) },
+            Vector { weight: Some(17), low: Some(128 * MI), high: Some(496_603_136), ..v("§8 row 4 Burstable 100m,128Mi→500m,512Mi, request from annotation", pod(B, &ann(REQ, "128Mi")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
+            Vector { weight: Some(17), low: Some(120_258_560), high: Some(495_206_400), ..v("§8 row 4 without annotation: request inverted from oom 993 (lower end, page-aligned; §5 route 2)", pod(B, &[]), ctr(102, 50_000, 512 * MI, 993), Burstable) },
+            Vector { weight: Some(59), low: Some(GI), high: Some(14_602_887_168), ..v("§8 row 5 Burstable 500m,1Gi, no limit: memory.high base = allocatable", pod(B, &ann(REQ, "1Gi")), ctr(512, 0, 0, 938), Burstable) },
+            Vector { weight: Some(1), low: Some(GI), ..v("§8 row 6 memory limit only, request = limit: no memory.high", pod(B, &ann(REQ, "1Gi")), ctr(2, 0, GI, 938), Burstable) },
+            Vector { weight: Some(303), low: Some(16 * GI), high: Some(32_641_748_992), ..v("§8 row 7 Burstable 4 CPU,16Gi→8 CPU,32Gi (oom floor 3 kept)", pod(B, &ann(REQ, "16Gi")), ctr(4096, 800_000, 32 * GI, 3), Burstable) },
+            Vector { weight: Some(17), low: Some(MI), high: Some(60_502_016), ..v("§8 row 8 Burstable 1Mi→64Mi (oom 999 carries no request; annotation does)", pod(B, &ann(REQ, "1Mi")), ctr(102, 20_000, 64 * MI, 999), Burstable) },
+            Vector { weight: Some(17), high: Some(60_395_520), ..v("§8 row 8 without annotation: request unknown, memory.high from zero", pod(B, &[]), ctr(102, 20_000, 64 * MI, 999), Burstable) },
+            Vector { weight: Some(2), low: Some(256 * MI), high: Some(510_025_728), ..v("§8 row 9 Burstable 5m, 256Mi→512Mi", pod(B, &ann(REQ, "256Mi")), ctr(5, 1_000, 512 * MI, 985), Burstable) },
+            Vector { weight: Some(1), high: Some(14_495_514_624), ..v("§8 row 12 critical Burstable keeps the kubelet's -997 (which carries no request)", pod(B, &[]), ctr(2, 0, 0, -997), Burstable) },
+            Vector { weight: Some(10_000), min: Some(GI), ..v("§8 row 13 300 CPU: shares capped at 262144 → weight 10000", pod(G, &[]), ctr(262_144, 30_000_000, GI, -997), Guaranteed) },
+            Vector { weight: Some(39), min: Some(GI), cfg: linear.clone(), ..v("§3 linear KEP-2254: 1024 shares → 39", pod(G, &[]), ctr(1024, 100_000, GI, -997), Guaranteed) },
+            Vector { weight: Some(10), min: Some(256 * MI), cfg: linear.clone(), ..v("§3 linear: 256 shares → 10", pod(G, &[]), ctr(256, 25_000, 256 * MI, -997), Guaranteed) },
+            Vector { weight: Some(4), low: Some(128 * MI), high: Some(496_603_136), cfg: linear.clone(), ..v("§3 linear: 102 shares → 4", pod(B, &ann(REQ, "128Mi")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
+            Vector { weight: Some(157), low: Some(16 * GI), high: Some(32_641_748_992), cfg: linear, ..v("§3 linear: 4096 shares → 157", pod(B, &ann(REQ, "16Gi")), ctr(4096, 800_000, 32 * GI, 3), Burstable) },
+            Vector { weight: Some(17), min: Some(128 * MI), high: Some(496_603_136), cfg: min.clone(), ..v("§4 1.27 alpha: memory.min = request for Burstable too", pod(B, &ann(REQ, "128Mi")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
+            Vector { weight: Some(100), min: Some(GI), cfg: min, ..v("§4 1.27 alpha: Guaranteed memory.min = limit", pod(G, &[]), ctr(1024, 100_000, GI, -997), Guaranteed) },
+            Vector { weight: Some(17), cfg: none.clone(), ..v("reservation none, memory.high off: only cpu.weight", pod(B, &ann(REQ, "128Mi")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
+            Vector { weight: Some(1), cfg: none, ..v("reservation none, memory.high off: BestEffort gets only the weight", pod(E, &[]), ctr(2, 0, 0, 1000), BestEffort) },
+            Vector { weight: Some(17), low: Some(128 * MI), ..v("per-pod memory.high opt-out annotation", pod(B, &[(REQ, "128Mi"), (MEMORY_HIGH_ANNOTATION, "off")]), ctr(102, 50_000, 512 * MI, 993), Burstable) },
+            Vector { weight: Some(17), low: Some(128 * MI), high: Some(496_603_136), ..v("pod-wide request annotation", pod(B, &ann(MEMORY_REQUEST_ANNOTATION, "128Mi")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
+            Vector { weight: Some(17), low: Some(120_258_560), high: Some(495_206_400), ..v("invalid annotation is ignored, oom inversion used", pod(B, &ann(REQ, "12x")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
+            Vector { weight: Some(1), high: Some(14_495_514_624), oom: Some(1000), ..v("BestEffort with a wrong oom_score_adj gets 1000", pod(E, &[]), ctr(2, 0, 0, 0), BestEffort) },
+            Vector { weight: Some(100), min: Some(GI), oom: Some(-997), ..v("Guaranteed with a crictl default oom gets -997", pod(G, &[]), ctr(1024, 100_000, GI, 0), Guaranteed) },
+            Vector { weight: Some(100), min: Some(GI), ..v("Guaranteed keeps a lower system value (-999)", pod(G, &[]), ctr(1024, 100_000, GI, -999), Guaranteed) },
+            Vector { weight: Some(35), low: Some(256 * MI), high: Some(510_025_728), oom: Some(985), ..v("Burstable with no kubelet value: formula from the request (§2: 256Mi → 985)", pod(B, &ann(REQ, "256Mi")), ctr(256, 50_000, 512 * MI, 0), Burstable) },
+            Vector { weight: Some(100), min: Some(GI), ..v("crictl, no kubepods parent: Guaranteed from resources", pod("/custom", &[]), ctr(1024, 100_000, GI, -997), Guaranteed) },
+            Vector { weight: Some(35), high: Some(483_180_544), ..v("crictl, no kubepods parent: Burstable from resources, oom 500 kept and not inverted", pod("/custom", &[]), ctr(256, 50_000, 512 * MI, 500), Burstable) },
+            Vector { weight: Some(1), high: Some(14_495_514_624), ..v("crictl, no kubepods parent: BestEffort from resources", pod("/custom", &[]), ctr(2, 0, 0, 1000), BestEffort) },
+            Vector { weight: Some(59), low: Some(GI), high: Some(14_602_887_168), ..v("systemd driver: Burstable slice", pod("kubepods-burstable-podu.slice", &ann(REQ, "1Gi")), ctr(512, 0, 0, 938), Burstable) },
+            Vector { weight: Some(100), min: Some(GI), ..v("systemd driver: Guaranteed slice", pod("/kubepods.slice/kubepods-podu.slice", &[]), ctr(1024, 100_000, GI, -997), Guaranteed) },
+        ]
+    }
+
+    #[test]
+    fn worked_vectors() {
+        let all = vectors();
+        for t in &all {
+            let d = decide(&t.pod, &t.ctr, &NODE, &t.cfg);
+            let ctx = format!("{}: {d:?}", t.source);
+            assert_eq!(d.class, t.class, "{ctx}");
+            assert_eq!(u(&d, "cpu.weight"), t.weight.and_then(s), "weight {ctx}");
+            assert_eq!(u(&d, "memory.min"), t.min.and_then(s), "min {ctx}");
+            assert_eq!(u(&d, "memory.low"), t.low.and_then(s), "low {ctx}");
+            assert_eq!(u(&d, "memory.high"), t.high.and_then(s), "high {ctx}");
+            assert_eq!(d.adjustment.oom_score_adj, t.oom, "oom {ctx}");
+        }
+        assert!(all.len() >= 30);
+    }
+
+    #[test]
+    fn request_sources_are_recorded() {
+        let d = decide(
+            &pod(B, &ann(REQ, "1Gi")),
+            &ctr(512, 0, 0, 938),
+            &NODE,
+            &Default::default(),
+        );
+        assert_eq!(d.request_source, RequestSource::Annotation);
+        let d = decide(
+            &pod(B, &[]),
+            &ctr(512, 0, 0, 938),
+            &NODE,
+            &Default::default(),
+        );
+        assert_eq!(d.request_source, RequestSource::OomScoreAdj);
+        let d = decide(
+            &pod(G, &[]),
+            &ctr(1024, 100_000, GI, -997),
+            &NODE,
+            &Default::default(),
+        );
+        assert_eq!(d.request_source, RequestSource::GuaranteedLimit);
+        let d = decide(
+            &pod(E, &[]),
+            &ctr(2, 0, 0, 1000),
+            &NODE,
+            &Default::default(),
+        );
+        assert_eq!(d.request_source, RequestSource::BestEffort);
+        let mut c = ctr(512, 0, 0, 938);
+        c.resources
+            .unified
+            .insert("memory.min".into(), "268435456".into());
+        let d = decide(&pod(B, &[]), &c, &NODE, &Default::default());
+        assert_eq!(d.request_source, RequestSource::UnifiedMemoryMin);
+        assert_eq!(u(&d, "memory.low"), Some("268435456".into()));
+    }
+
+    #[test]
+    fn sandbox_gets_minus_998_and_nothing_else() {
+        let mut c = ctr(2, 0, 0, 0);
+        c.annotations
+            .insert(CONTAINER_TYPE_ANNOTATION.into(), "sandbox".into());
+        let d = decide(&pod(B, &[]), &c, &NODE, &Default::default());
+        assert_eq!(d.adjustment.oom_score_adj, Some(-998));
+        assert!(d.adjustment.unified.is_empty());
+        assert_eq!(d.adjustment.cpu_quota, None);
+    }
+
+    #[test]
+    fn cgroup_v1_gets_no_unified_keys_and_a_note() {
+        let v1 = NodeFacts {
+            cgroup_v2: false,
+            ..NODE
+        };
+        let d = decide(
+            &pod(B, &ann(REQ, "128Mi")),
+            &ctr(102, 50_000, 512 * MI, 993),
+            &v1,
+            &Default::default(),
+        );
+        assert!(d.adjustment.unified.is_empty());
+        assert!(d.notes.iter().any(|n| n.contains("cgroup v1")));
+    }
+
+    #[test]
+    fn odd_cpu_values_are_clamped() {
+        let d = decide(
+            &pod(B, &[]),
+            &ctr(1_000_000, 500, 0, 999),
+            &NODE,
+            &Default::default(),
+        );
+        assert_eq!(d.adjustment.cpu_shares, Some(262_144));
+        assert_eq!(d.adjustment.cpu_quota, Some(1000));
+        assert_eq!(u(&d, "cpu.weight"), Some("10000".into()));
+    }
+
+    fn arb_resources() -> impl Strategy<Value = Resources> {
+        (
+            prop::option::of(prop_oneof![0u64..10, 0u64..300_000, Just(u64::MAX)]),
+            prop::option::of(prop_oneof![
+                -2i64..2,
+                0i64..2_000_000,
+                Just(i64::MIN),
+                Just(i64::MAX)
+            ]),
+            prop::option::of(prop_oneof![0u64..10, Just(100_000u64), Just(u64::MAX)]),
+            prop::option::of(prop_oneof![-5i64..5, 0i64..(64 << 30), Just(i64::MAX)]),
+            prop::option::of(prop_oneof![
+                Just("0".to_string()),
+                "[0-9]{1,12}",
+                "\\PC{0,8}"
+            ]),
+        )
+            .prop_map(|(shares, quota, period, limit, min)| Resources {
+                cpu_shares: shares,
+                cpu_quota: quota,
+                cpu_period: period,
+                memory_limit: limit,
+                unified: min
+                    .map(|m| [("memory.min".to_string(), m)].into())
+                    .unwrap_or_default(),
+            })
+    }
+
+    fn arb_case() -> impl Strategy<Value = (PodFacts, ContainerFacts, NodeFacts, PolicyConfig)> {
+        let parents = prop::sample::select(vec![
+            G,
+            B,
+            E,
+            "/custom",
+            "",
+            "kubepods-burstable-podx.slice",
+            "kubepods-podx.slice",
+        ]);
+        let annotations = prop::option::of(prop_oneof![
+            Just("128Mi".to_string()),
+            Just("0".into()),
+            "\\PC{0,6}",
+            "[0-9]{1,20}(Ki|Mi|Gi|Ei)?"
+        ]);
+        (
+            parents,
+            annotations,
+            prop::option::of(arb_resources()),
+            arb_resources(),
+            prop::option::of(prop_oneof![-2000i64..2000, Just(i64::MIN), Just(i64::MAX)]),
+            (
+                1u64..(1 << 42),
+                prop::bool::ANY,
+                prop_oneof![Just(4096u64), Just(65536), Just(1)],
+            ),
+            (
+                prop::sample::select(vec![
+                    WeightConversion::Quadratic,
+                    WeightConversion::Linear,
+                    WeightConversion::Off,
+                ]),
+                prop::sample::select(vec![
+                    Reservation::Tiered,
+                    Reservation::Min,
+                    Reservation::None,
+                ]),
+                prop::bool::ANY,
+                0.01f64..=1.0,
+                prop::bool::ANY,
+            ),
+        )
+            .prop_map(
+                |(
+                    parent,
+                    annotation,
+                    pod_res,
+                    res,
+                    oom,
+                    (cap, v2, page),
+                    (w, r, high, factor, sandbox),
+                )| {
+                    let mut p = pod(parent, &[]);
+                    if let Some(a) = annotation {
+                        p.annotations.insert(MEMORY_REQUEST_ANNOTATION.into(), a);
+                    }
+                    p.resources = pod_res;
+                    let mut c = ContainerFacts {
+                        name: "app".into(),
+                        resources: res,
+                        oom_score_adj: oom,
+                        ..Default::default()
+                    };
+                    if sandbox {
+                        c.annotations
+                            .insert(CONTAINER_TYPE_ANNOTATION.into(), "sandbox".into());
+                    }
+                    let node = NodeFacts {
+                        memory_capacity: cap,
+                        memory_allocatable: cap / 2 + 1,
+                        page_size: page,
+                        cgroup_v2: v2,
+                    };
+                    let cfg = PolicyConfig {
+                        cpu_weight: w,
+                        memory_reservation: r,
+                        memory_high: high,
+                        memory_throttling_factor: factor,
+                        ..Default::default()
+                    };
+                    (p, c, node, cfg)
+                },
+            )
+    }
+
+    fn bytes(r: &Resources, k: &str) -> Option<u64> {
+        r.unified.get(k).and_then(|v| v.parse().ok())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        #[test]
+        fn invariants_hold_for_any_input((p, c, node, cfg) in arb_case()) {
+            let d = decide(&p, &c, &node, &cfg);
+            let a = &d.adjustment;
+            let eff = effective(&c.resources, a);
+            if let Some(w) = a.unified.get("cpu.weight") {
+                let w: u64 = w.parse().unwrap();
+                prop_assert!((1..=10_000).contains(&w));
+            }
+            if let Some(s) = a.cpu_shares {
+                prop_assert!((2..=262_144).contains(&s));
+            }
+            if let Some(q) = a.cpu_quota {
+                prop_assert!(q >= 1000);
+            }
+            if let Some(o) = a.oom_score_adj {
+                prop_assert!((-1000..=1000).contains(&o));
+            }
+            if !node.cgroup_v2 {
+                prop_assert!(a.unified.is_empty());
+            }
+            let max = eff.memory_limit.and_then(|l| u64::try_from(l).ok()).filter(|l| *l > 0).unwrap_or(u64::MAX);
+            let ours = |k: &str| a.unified.get(k).and_then(|v| v.parse::<u64>().ok());
+            let high = ours("memory.high");
+            for k in ["memory.min", "memory.low"] {
+                if let Some(v) = ours(k) {
+                    prop_assert!(v <= max, "{k} {v} > max {max}");
+                    if let Some(h) = high { prop_assert!(v <= h, "{k} {v} > high {h}"); }
+                    prop_assert_eq!(v % node.page_size, 0);
+                }
+            }
+            if let Some(h) = high {
+                prop_assert!(h <= max);
+                prop_assert_eq!(h % node.page_size, 0);
+            }
+            let _ = bytes(&eff, "memory.min");
+        }
+
+        #[test]
+        fn applying_the_answer_is_a_fixed_point((p, c, node, cfg) in arb_case()) {
+            let d = decide(&p, &c, &node, &cfg);
+            let mut applied = c.clone();
+            applied.resources = effective(&c.resources, &d.adjustment);
+            if let Some(o) = d.adjustment.oom_score_adj {
+                applied.oom_score_adj = Some(o);
+            }
+            let again = decide(&p, &applied, &node, &cfg);
+            prop_assert!(again.adjustment.is_empty(), "second pass wants {:?} after {:?}", again.adjustment, d.adjustment);
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! `audit` end to end on a fake runtime and a temp cgroup tree: the snapshot
+//! comes over a real NRI session, the values from files shaped like cgroupfs.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use nri_qos::audit;
+use nri_qos::cgroup::HierarchyConfig;
+use nri_qos::nri::convert;
+use nri_qos::nri::proto::api;
+use nri_qos::qos::{self, NodeFacts};
+use tokio::net::UnixListener;
+
+const NODE: NodeFacts = NodeFacts {
+    memory_capacity: 16 << 30,
+    memory_allocatable: 15 << 30,
+    page_size: 4096,
+    cgroup_v2: true,
+};
+
+/// Writes what a correct node would have for `c` into the temp tree.
+fn write_expected(root: &Path, p: &api::PodSandbox, c: &api::Container) {
+    let d = qos::decide(
+        &convert::pod_from_wire(p),
+        &convert::container_from_wire(c),
+        &NODE,
+        &Default::default(),
+    );
+    let spec = convert::container_from_wire(c).resources;
+    let dir = root.join(audit::container_cgroup_dir(&c.linux.cgroups_path).unwrap());
+    std::fs::create_dir_all(&dir).unwrap();
+    let unified = |k: &str, default: &str| {
+        d.adjustment
+            .unified
+            .get(k)
+            .or(spec.unified.get(k))
+            .cloned()
+            .unwrap_or_else(|| default.into())
+    };
+    let quota = d.adjustment.cpu_quota.or(spec.cpu_quota);
+    let period = d
+        .adjustment
+        .cpu_period
+        .or(spec.cpu_period)
+        .unwrap_or(100_000);
+    let cpu_max = quota.map_or(format!("max {period}"), |q| format!("{q} {period}"));
+    let limit = d.adjustment.memory_limit.or(spec.memory_limit);
+    std::fs::write(dir.join("cpu.max"), cpu_max).unwrap();
+    std::fs::write(
+        dir.join("memory.max"),
+        limit.map_or("max".into(), |l| l.to_string()),
+    )
+    .unwrap();
+    std::fs::write(dir.join("cpu.weight"), unified("cpu.weight", "100")).unwrap();
+    for (k, def) in [
+        ("memory.min", "0"),
+        ("memory.low", "0"),
+        ("memory.high", "max"),
+    ] {
+        std::fs::write(dir.join(k), unified(k, def)).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket_in(&dir);
+    let root = dir.path().join("cgroup");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let collect = tokio::spawn({
+        let sock = sock.clone();
+        async move { audit::collect(&sock, std::time::Duration::from_secs(10)).await }
+    });
+    let mut s = accept(&listener, false).await;
+    let (name, index) = s.expect_registered().await;
+    assert_eq!((name.as_str(), index.as_str()), ("nri-qos-audit", "99"));
+    let cfg = s
+        .plugin
+        .configure(ctx(), &api::ConfigureRequest::new())
+        .await
+        .unwrap();
+    assert_ne!(cfg.events, 0, "0 would subscribe the audit to every event");
+
+    let pods = vec![
+        pod("g", "/kubepods/podg"),
+        pod("b", "/kubepods/burstable/podb"),
+        pod("e", "/kubepods/besteffort/pode"),
+    ];
+    let mut ctrs = vec![
+        container("cg", "g", 1024, 100_000, 1 << 30, -997),
+        container("cb", "b", 256, 50_000, 512 << 20, 985),
+        container("ce", "e", 2, 0, 0, 1000),
+    ];
+    for (c, parent) in ctrs.iter_mut().zip([
+        "kubepods/podg",
+        "kubepods/burstable/podb",
+        "kubepods/besteffort/pode",
+    ]) {
+        c.linux.mut_or_insert_default().cgroups_path = format!("/{parent}/{}", c.id);
+    }
+    for (p, c) in pods.iter().zip(&ctrs) {
+        write_expected(&root, p, c);
+    }
+    for cg in [
+        "kubepods",
+        "kubepods/burstable",
+        "kubepods/besteffort",
+        "kubepods/podg",
+        "kubepods/burstable/podb",
+        "kubepods/besteffort/pode",
+    ] {
+        std::fs::create_dir_all(root.join(cg)).unwrap();
+    }
+    let sync = s
+        .plugin
+        .synchronize(
+            ctx(),
+            &api::SynchronizeRequest {
+                pods: pods.clone(),
+                containers: ctrs.clone(),
+                ..Default::default()
+            },
+        )
+        .await;
+    let snap = collect.await.unwrap().expect("snapshot");
+    sync.expect("the audit answers Synchronize before it hangs up");
+    assert_eq!(snap.containers.len(), 3);
+
+    // Hierarchy values as the keeper would write them.
+    let report = audit::audit(
+        &snap,
+        &NODE,
+        &Default::default(),
+        &HierarchyConfig::default(),
+        &root,
+        Path::new("/nonexistent"),
+    );
+    for h in &report.hierarchy {
+        for c in &h.checks {
+            std::fs::write(root.join(&h.cgroup).join(&c.key), &c.expected).unwrap();
+        }
+    }
+    let report = audit::audit(
+        &snap,
+        &NODE,
+        &Default::default(),
+        &HierarchyConfig::default(),
+        &root,
+        Path::new("/nonexistent"),
+    );
+    assert_eq!(report.drift, 0, "{}", audit::render_table(&report));
+    assert_eq!(report.containers.len(), 3);
+    assert!(report.hierarchy.len() >= 6, "{report:?}");
+
+    // Someone changes a value behind our back.
+    std::fs::write(
+        root.join("kubepods/burstable/podb/cb/cpu.max"),
+        "max 100000",
+    )
+    .unwrap();
+    let report = audit::audit(
+        &snap,
+        &NODE,
+        &Default::default(),
+        &HierarchyConfig::default(),
+        &root,
+        Path::new("/nonexistent"),
+    );
+    assert_eq!(report.drift, 1);
+    let table = audit::render_table(&report);
+    assert!(
+        table.contains("DRIFT") && table.contains("cpu.max"),
+        "{table}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["drift"], 1);
+}

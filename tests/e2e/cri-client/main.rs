@@ -1,0 +1,753 @@
+//! e2e CRI client: drives containerd's CRI service the way the kubelet/crictl
+//! does, inside the e2e VM, and reports what the kernel really applied.
+//!
+//! Output lines meant for the harness have fixed prefixes:
+//! - `E2E-RESULT {json}` one per container and phase, with the real cgroup values
+//! - `E2E-CHECK <name> PASS|FAIL <details>` one per check
+//! - `E2E-TIMING {json}` from `timing`
+//!
+//! Run `cri-client --help` for the commands.
+
+mod cri;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use cri::{
+    ContainerConfig, ContainerMetadata, CreateContainerRequest, DnsConfig, ImageSpec,
+    LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceOption, PodSandboxConfig,
+    PodSandboxMetadata, RuntimeClient,
+};
+
+const DEFAULT_IMAGE: &str = "e2e.local/busybox:latest";
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Files read from each container's cgroup directory.
+const CGROUP_FILES: &[&str] = &[
+    "cpu.weight",
+    "cpu.max",
+    "memory.min",
+    "memory.low",
+    "memory.high",
+    "memory.max",
+];
+
+#[derive(Parser)]
+#[command(about = "CRI v1 client for the nri-qos e2e VM")]
+struct Cli {
+    /// containerd's CRI socket
+    #[arg(long, default_value = "/run/containerd/containerd.sock")]
+    socket: String,
+    /// keep retrying the first connection for this many seconds
+    #[arg(long, default_value_t = 60)]
+    wait: u64,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print the runtime's CRI version
+    Version,
+    /// List pod sandboxes and containers
+    List,
+    /// Run a scenario file, print the real values and the checks
+    Run {
+        scenario: PathBuf,
+        /// expected values: JSON object "pod/container" (or "container") -> {file: value}
+        #[arg(long)]
+        expect: Option<PathBuf>,
+        /// when no expect entry exists for a container, check that the runtime
+        /// applied the CRI request unchanged (the baseline without a plugin)
+        #[arg(long)]
+        expect_cri: bool,
+        /// leave the pods running instead of stopping and removing them
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Start N pods (RunPodSandbox + CreateContainer + StartContainer) and time them
+    Timing {
+        #[arg(long, default_value_t = 5)]
+        pods: usize,
+        #[arg(long, default_value = "/kubepods/besteffort")]
+        parent: String,
+        #[arg(long, default_value = DEFAULT_IMAGE)]
+        image: String,
+    },
+}
+
+#[derive(Deserialize, Default, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+struct Resources {
+    #[serde(default)]
+    cpu_shares: i64,
+    #[serde(default)]
+    cpu_quota: i64,
+    #[serde(default)]
+    cpu_period: i64,
+    #[serde(default)]
+    memory_limit: i64,
+    /// when absent and `memory_request` is given, the kubelet's Burstable formula
+    /// against this machine's MemTotal is used; otherwise 0
+    #[serde(default)]
+    oom_score_adj: Option<i64>,
+    #[serde(default)]
+    memory_request: Option<i64>,
+    #[serde(default)]
+    cpuset_cpus: String,
+    #[serde(default)]
+    unified: HashMap<String, String>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct ContainerSpec {
+    name: String,
+    #[serde(default)]
+    image: Option<String>,
+    #[serde(default = "default_command")]
+    command: Vec<String>,
+    #[serde(default)]
+    annotations: HashMap<String, String>,
+    #[serde(default)]
+    labels: HashMap<String, String>,
+    #[serde(flatten)]
+    resources: Resources,
+    /// resources sent with UpdateContainerResources after start (phase "updated")
+    #[serde(default)]
+    update: Option<Resources>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct PodSpec {
+    name: String,
+    uid: String,
+    #[serde(default = "default_namespace")]
+    namespace: String,
+    cgroup_parent: String,
+    #[serde(default)]
+    annotations: HashMap<String, String>,
+    #[serde(default)]
+    labels: HashMap<String, String>,
+    /// pod-level resources (LinuxPodSandboxConfig.resources), as newer kubelets send
+    #[serde(default)]
+    resources: Option<Resources>,
+    containers: Vec<ContainerSpec>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Scenario {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    description: String,
+    pods: Vec<PodSpec>,
+}
+
+fn default_command() -> Vec<String> {
+    vec!["/bin/sleep".into(), "3600".into()]
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn check(name: &str, ok: bool, details: &str) -> bool {
+    println!(
+        "E2E-CHECK {name} {} {details}",
+        if ok { "PASS" } else { "FAIL" }
+    );
+    ok
+}
+
+fn mem_total_bytes() -> Result<i64> {
+    let text = std::fs::read_to_string("/proc/meminfo")?;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("MemTotal:") {
+            let kb: i64 = rest.trim().trim_end_matches("kB").trim().parse()?;
+            return Ok(kb * 1024);
+        }
+    }
+    bail!("no MemTotal in /proc/meminfo")
+}
+
+/// kubelet pkg/kubelet/qos/policy.go GetContainerOOMScoreAdjust for Burstable.
+fn kubelet_burstable_oom(memory_request: i64, capacity: i64) -> i64 {
+    let adj = 1000 - (1000 * memory_request) / capacity;
+    if adj < 1000 - 997 {
+        return 1000 - 997;
+    }
+    if adj == 1000 {
+        return 999;
+    }
+    adj
+}
+
+impl Resources {
+    fn oom(&self) -> Result<i64> {
+        Ok(match (self.oom_score_adj, self.memory_request) {
+            (Some(v), _) => v,
+            (None, Some(req)) => kubelet_burstable_oom(req, mem_total_bytes()?),
+            (None, None) => 0,
+        })
+    }
+
+    fn to_cri(&self) -> Result<LinuxContainerResources> {
+        Ok(LinuxContainerResources {
+            cpu_period: self.cpu_period,
+            cpu_quota: self.cpu_quota,
+            cpu_shares: self.cpu_shares,
+            memory_limit_in_bytes: self.memory_limit,
+            oom_score_adj: self.oom()?,
+            cpuset_cpus: self.cpuset_cpus.clone(),
+            unified: self.unified.clone(),
+            ..Default::default()
+        })
+    }
+
+    /// What runc writes for this CRI request when nobody changes it (cgroup v2).
+    fn cri_baseline(&self) -> Result<BTreeMap<String, String>> {
+        let mut m = BTreeMap::new();
+        // runc: ConvertCPUSharesToCgroupV2Value
+        let weight = if self.cpu_shares == 0 {
+            100
+        } else {
+            1 + ((self.cpu_shares - 2) * 9999) / 262142
+        };
+        m.insert("cpu.weight".into(), weight.to_string());
+        let period = if self.cpu_period == 0 {
+            100000
+        } else {
+            self.cpu_period
+        };
+        let quota = if self.cpu_quota > 0 {
+            self.cpu_quota.to_string()
+        } else {
+            "max".into()
+        };
+        m.insert("cpu.max".into(), format!("{quota} {period}"));
+        m.insert(
+            "memory.max".into(),
+            if self.memory_limit > 0 {
+                self.memory_limit.to_string()
+            } else {
+                "max".into()
+            },
+        );
+        m.insert("oom_score_adj".into(), self.oom()?.to_string());
+        for (k, v) in &self.unified {
+            m.insert(k.clone(), v.clone());
+        }
+        Ok(m)
+    }
+}
+
+fn sandbox_config(pod: &PodSpec) -> Result<PodSandboxConfig> {
+    let mut labels = pod.labels.clone();
+    labels.insert("io.kubernetes.pod.name".into(), pod.name.clone());
+    labels.insert("io.kubernetes.pod.namespace".into(), pod.namespace.clone());
+    labels.insert("io.kubernetes.pod.uid".into(), pod.uid.clone());
+    Ok(PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            attempt: 0,
+        }),
+        // hostNetwork pods share the node's UTS namespace: the kubelet sends no hostname
+        hostname: String::new(),
+        log_directory: format!("/var/log/pods/{}_{}_{}", pod.namespace, pod.name, pod.uid),
+        dns_config: Some(DnsConfig::default()),
+        labels,
+        annotations: pod.annotations.clone(),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: pod.cgroup_parent.clone(),
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(host_net()),
+            }),
+            overhead: None,
+            resources: pod.resources.as_ref().map(|r| r.to_cri()).transpose()?,
+        }),
+    })
+}
+
+/// Host network (no CNI in the VM), private PID namespace, pod IPC: as the kubelet
+/// does for a hostNetwork pod.
+fn host_net() -> NamespaceOption {
+    NamespaceOption {
+        network: cri::NS_NODE,
+        pid: cri::NS_CONTAINER,
+        ipc: cri::NS_POD,
+    }
+}
+
+fn container_config(pod: &PodSpec, c: &ContainerSpec) -> Result<ContainerConfig> {
+    let mut labels = c.labels.clone();
+    labels.insert("io.kubernetes.container.name".into(), c.name.clone());
+    labels.insert("io.kubernetes.pod.name".into(), pod.name.clone());
+    labels.insert("io.kubernetes.pod.namespace".into(), pod.namespace.clone());
+    labels.insert("io.kubernetes.pod.uid".into(), pod.uid.clone());
+    Ok(ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: c.name.clone(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: c.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into()),
+        }),
+        command: c.command.clone(),
+        args: vec![],
+        labels,
+        annotations: c.annotations.clone(),
+        log_path: format!("{}/0.log", c.name),
+        linux: Some(LinuxContainerConfig {
+            resources: Some(c.resources.to_cri()?),
+            security_context: Some(LinuxContainerSecurityContext {
+                namespace_options: Some(host_net()),
+            }),
+        }),
+    })
+}
+
+/// The container's init pid, from ContainerStatus(verbose).info["info"].pid.
+async fn container_pid(client: &mut RuntimeClient, id: &str) -> Result<(i32, u32)> {
+    let st = client.container_status(id).await?;
+    let state = st.status.as_ref().map(|s| s.state).unwrap_or(-1);
+    let info = st
+        .info
+        .get("info")
+        .context("ContainerStatus(verbose) has no info")?;
+    let v: Value = serde_json::from_str(info).context("parsing ContainerStatus info")?;
+    let pid = v
+        .get("pid")
+        .and_then(Value::as_u64)
+        .context("no pid in ContainerStatus info")?;
+    Ok((state, pid as u32))
+}
+
+fn read_trim(p: &Path) -> String {
+    std::fs::read_to_string(p)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|e| format!("<{}>", e.kind()))
+}
+
+/// The real values the kernel holds for a process: its cgroup (v2) files, its
+/// parent's (the pod cgroup, prefixed `pod:`), and its oom_score_adj.
+fn read_values(pid: u32) -> Result<(String, BTreeMap<String, String>)> {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    let path = cg
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .context("process is not in a cgroup v2 hierarchy")?
+        .to_string();
+    let dir = Path::new(CGROUP_ROOT).join(path.trim_start_matches('/'));
+    let mut values = BTreeMap::new();
+    for f in CGROUP_FILES {
+        values.insert(f.to_string(), read_trim(&dir.join(f)));
+    }
+    if let Some(parent) = dir.parent() {
+        for f in CGROUP_FILES {
+            values.insert(format!("pod:{f}"), read_trim(&parent.join(f)));
+        }
+    }
+    values.insert(
+        "oom_score_adj".into(),
+        read_trim(Path::new(&format!("/proc/{pid}/oom_score_adj"))),
+    );
+    Ok((path, values))
+}
+
+fn value_str(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Expected-values file: `{"pod/ctr": {...}}`, `{"ctr": {...}}`, optionally
+/// wrapped as `{"containers": {...}}`. Keys with `@updated` address the phase
+/// after UpdateContainerResources.
+fn load_expect(path: &Path) -> Result<serde_json::Map<String, Value>> {
+    let v: Value = serde_json::from_str(
+        &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("parsing {}", path.display()))?;
+    let v = match v.get("containers") {
+        Some(inner) if inner.is_object() => inner.clone(),
+        _ => v,
+    };
+    match v {
+        Value::Object(m) => Ok(m),
+        _ => bail!("{}: expected a JSON object", path.display()),
+    }
+}
+
+struct Started {
+    pod_id: String,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report_and_check(
+    scenario: &str,
+    pod: &PodSpec,
+    c: &ContainerSpec,
+    phase: &str,
+    id: &str,
+    pid: u32,
+    requested: &Resources,
+    expect: &Option<serde_json::Map<String, Value>>,
+    expect_cri: bool,
+) -> Result<bool> {
+    let (cgroup, values) = read_values(pid)?;
+    let key = format!("{}/{}", pod.name, c.name);
+    let suffix = if phase == "started" {
+        String::new()
+    } else {
+        format!("@{phase}")
+    };
+    println!(
+        "E2E-RESULT {}",
+        json!({
+            "scenario": scenario,
+            "key": format!("{key}{suffix}"),
+            "pod": pod.name,
+            "container": c.name,
+            "phase": phase,
+            "id": id,
+            "pid": pid,
+            "cgroup": cgroup,
+            "requested": {
+                "cpu_shares": requested.cpu_shares,
+                "cpu_quota": requested.cpu_quota,
+                "cpu_period": requested.cpu_period,
+                "memory_limit": requested.memory_limit,
+                "oom_score_adj": requested.oom()?,
+                "unified": requested.unified,
+            },
+            "values": values,
+        })
+    );
+    let mut ok = check(
+        &format!("{key}{suffix}.cgroup_parent"),
+        cgroup.starts_with(&format!("{}/", pod.cgroup_parent)),
+        &format!("cgroup={cgroup} parent={}", pod.cgroup_parent),
+    );
+    let wanted: Option<BTreeMap<String, String>> = match expect.as_ref().and_then(|m| {
+        m.get(&format!("{key}{suffix}"))
+            .or_else(|| m.get(&format!("{}{suffix}", c.name)))
+    }) {
+        Some(Value::Object(w)) => Some(w.iter().map(|(k, v)| (k.clone(), value_str(v))).collect()),
+        Some(other) => bail!("expected values for {key}{suffix} must be an object, got {other}"),
+        None if expect_cri => Some(requested.cri_baseline()?),
+        None => None,
+    };
+    match wanted {
+        Some(w) => {
+            for (field, want) in w {
+                let got = values
+                    .get(&field)
+                    .cloned()
+                    .unwrap_or_else(|| "<not read>".into());
+                ok &= check(
+                    &format!("{key}{suffix}.{field}"),
+                    got == want,
+                    &format!("got={got:?} want={want:?}"),
+                );
+            }
+        }
+        None => println!("E2E-INFO no expected values for {key}{suffix}: values reported only"),
+    }
+    Ok(ok)
+}
+
+async fn run_scenario(
+    client: &mut RuntimeClient,
+    path: &Path,
+    expect: Option<PathBuf>,
+    expect_cri: bool,
+    keep: bool,
+) -> Result<bool> {
+    let scenario: Scenario = serde_json::from_str(
+        &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("parsing {}", path.display()))?;
+    let name = if scenario.name.is_empty() {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    } else {
+        scenario.name.clone()
+    };
+    println!("E2E-INFO scenario {name}: {}", scenario.description);
+    let expect = match expect {
+        Some(p) if p.exists() => Some(load_expect(&p)?),
+        Some(p) => {
+            println!("E2E-INFO no expected-values file {}", p.display());
+            None
+        }
+        None => None,
+    };
+    let mut all_ok = true;
+    let mut started = Vec::new();
+    for pod in &scenario.pods {
+        let t0 = Instant::now();
+        let cfg = sandbox_config(pod)?;
+        let pod_id = match client.run_pod_sandbox(cfg.clone()).await {
+            Ok(id) => id,
+            Err(e) => {
+                all_ok &= check(
+                    &format!("{}.run_pod_sandbox", pod.name),
+                    false,
+                    &format!("{e:#}"),
+                );
+                continue;
+            }
+        };
+        started.push(Started {
+            pod_id: pod_id.clone(),
+        });
+        for c in &pod.containers {
+            let key = format!("{}/{}", pod.name, c.name);
+            let res: Result<(String, u32)> = async {
+                let id = client
+                    .create_container(CreateContainerRequest {
+                        pod_sandbox_id: pod_id.clone(),
+                        config: Some(container_config(pod, c)?),
+                        sandbox_config: Some(cfg.clone()),
+                    })
+                    .await?;
+                client.start_container(&id).await?;
+                let (state, pid) = container_pid(client, &id).await?;
+                if state != cri::CONTAINER_RUNNING {
+                    bail!("container state {state} after start");
+                }
+                Ok((id, pid))
+            }
+            .await;
+            let (id, pid) = match res {
+                Ok(x) => x,
+                Err(e) => {
+                    all_ok &= check(&format!("{key}.started"), false, &format!("{e:#}"));
+                    continue;
+                }
+            };
+            check(
+                &format!("{key}.started"),
+                true,
+                &format!("pid={pid} after {} ms", t0.elapsed().as_millis()),
+            );
+            all_ok &= report_and_check(
+                &name,
+                pod,
+                c,
+                "started",
+                &id,
+                pid,
+                &c.resources,
+                &expect,
+                expect_cri,
+            )?;
+            if let Some(upd) = &c.update {
+                match client.update_container_resources(&id, upd.to_cri()?).await {
+                    Ok(()) => {
+                        all_ok &= report_and_check(
+                            &name, pod, c, "updated", &id, pid, upd, &expect, expect_cri,
+                        )?;
+                    }
+                    Err(e) => {
+                        all_ok &= check(&format!("{key}.update"), false, &format!("{e:#}"));
+                    }
+                }
+            }
+        }
+    }
+    let listed = client.list_containers().await?;
+    println!(
+        "E2E-INFO {} containers, {} sandboxes listed",
+        listed.len(),
+        client.list_pod_sandboxes().await?.len()
+    );
+    if !keep {
+        let mut errors = Vec::new();
+        for s in &started {
+            if let Err(e) = client.stop_pod_sandbox(&s.pod_id).await {
+                errors.push(format!("stop {}: {e:#}", s.pod_id));
+            } else if let Err(e) = client.remove_pod_sandbox(&s.pod_id).await {
+                errors.push(format!("remove {}: {e:#}", s.pod_id));
+            }
+        }
+        let left = client.list_pod_sandboxes().await?.len();
+        all_ok &= check(
+            &format!("{name}.cleanup"),
+            errors.is_empty() && left == 0,
+            &format!("{} sandboxes left {}", left, errors.join("; ")),
+        );
+    }
+    Ok(all_ok)
+}
+
+async fn timing(
+    client: &mut RuntimeClient,
+    pods: usize,
+    parent: &str,
+    image: &str,
+) -> Result<bool> {
+    let mut per_pod = Vec::new();
+    let mut ids = Vec::new();
+    let total = Instant::now();
+    for i in 0..pods {
+        let t0 = Instant::now();
+        let pod = PodSpec {
+            name: format!("timing-{i}"),
+            uid: format!("00000000-0000-4000-8000-{i:012}"),
+            namespace: "default".into(),
+            cgroup_parent: format!("{parent}/pod00000000-0000-4000-8000-{i:012}"),
+            annotations: HashMap::new(),
+            labels: HashMap::new(),
+            resources: None,
+            containers: vec![ContainerSpec {
+                name: "app".into(),
+                image: Some(image.into()),
+                command: default_command(),
+                annotations: HashMap::new(),
+                labels: HashMap::new(),
+                resources: Resources {
+                    cpu_shares: 2,
+                    oom_score_adj: Some(1000),
+                    ..Default::default()
+                },
+                update: None,
+            }],
+        };
+        let cfg = sandbox_config(&pod)?;
+        let pod_id = client.run_pod_sandbox(cfg.clone()).await?;
+        ids.push(pod_id.clone());
+        let id = client
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: pod_id,
+                config: Some(container_config(&pod, &pod.containers[0])?),
+                sandbox_config: Some(cfg),
+            })
+            .await?;
+        client.start_container(&id).await?;
+        per_pod.push(t0.elapsed().as_millis() as u64);
+    }
+    let start_ms = total.elapsed().as_millis() as u64;
+    let t1 = Instant::now();
+    for id in &ids {
+        client.stop_pod_sandbox(id).await?;
+        client.remove_pod_sandbox(id).await?;
+    }
+    let cleanup_ms = t1.elapsed().as_millis() as u64;
+    println!(
+        "E2E-TIMING {}",
+        json!({"pods": pods, "start_total_ms": start_ms, "per_pod_ms": per_pod, "cleanup_total_ms": cleanup_ms})
+    );
+    Ok(check(
+        "timing",
+        true,
+        &format!("{pods} pods started in {start_ms} ms, removed in {cleanup_ms} ms"),
+    ))
+}
+
+async fn connect(socket: &str, wait: u64) -> Result<RuntimeClient> {
+    let deadline = Instant::now() + Duration::from_secs(wait);
+    loop {
+        let attempt = async {
+            let mut c = RuntimeClient::connect(socket).await?;
+            let v = c.version().await?;
+            Ok::<_, anyhow::Error>((c, v))
+        }
+        .await;
+        match attempt {
+            Ok((c, v)) => {
+                println!(
+                    "E2E-INFO runtime {} {} (CRI {})",
+                    v.runtime_name, v.runtime_version, v.runtime_api_version
+                );
+                return Ok(c);
+            }
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let mut client = connect(&cli.socket, cli.wait).await?;
+    let ok = match cli.cmd {
+        Cmd::Version => true,
+        Cmd::List => {
+            for p in client.list_pod_sandboxes().await? {
+                println!("sandbox {} {:?} state={}", p.id, p.metadata, p.state);
+            }
+            for c in client.list_containers().await? {
+                println!(
+                    "container {} pod={} {:?} state={}",
+                    c.id, c.pod_sandbox_id, c.metadata, c.state
+                );
+            }
+            true
+        }
+        Cmd::Run {
+            scenario,
+            expect,
+            expect_cri,
+            keep,
+        } => run_scenario(&mut client, &scenario, expect, expect_cri, keep).await?,
+        Cmd::Timing {
+            pods,
+            parent,
+            image,
+        } => timing(&mut client, pods, &parent, &image).await?,
+    };
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn burstable_oom_matches_kubelet() {
+        // 256Mi of a 2000 MiB machine
+        assert_eq!(kubelet_burstable_oom(256 << 20, 2000 << 20), 872);
+        assert_eq!(kubelet_burstable_oom(0, 2000 << 20), 999);
+        assert_eq!(kubelet_burstable_oom(2000 << 20, 2000 << 20), 3);
+    }
+
+    #[test]
+    fn cri_baseline_matches_runc_conversion() {
+        let r = Resources {
+            cpu_shares: 256,
+            cpu_quota: 50000,
+            cpu_period: 100000,
+            memory_limit: 268435456,
+            oom_score_adj: Some(500),
+            ..Default::default()
+        };
+        let b = r.cri_baseline().unwrap();
+        assert_eq!(b["cpu.weight"], "10");
+        assert_eq!(b["cpu.max"], "50000 100000");
+        assert_eq!(b["memory.max"], "268435456");
+        let be = Resources {
+            cpu_shares: 2,
+            ..Default::default()
+        };
+        assert_eq!(be.cri_baseline().unwrap()["cpu.weight"], "1");
+        assert_eq!(be.cri_baseline().unwrap()["cpu.max"], "max 100000");
+    }
+}

@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# End-to-end harness: boots the real containerd (1.7.24 and/or 2.1.9) with runc
+# in a small qemu VM (cgroup v2), runs scenarios through the CRI, and checks what
+# the kernel really holds. See tests/e2e/README.md.
+#
+#   tests/e2e/run.sh [--containerd 1.7|2.1|all] [--scenario NAME[,NAME...]]
+#                    [--plugin prelaunched|external|none] [--timing-pods N]
+#
+# Exit status: 0 when every E2E-CHECK passed on every VM, non-zero otherwise.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+CACHE="${E2E_CACHE:-$HERE/cache}"
+WORK="${E2E_WORK:-$HERE/work}"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+VM_TIMEOUT="${E2E_VM_TIMEOUT:-600}"
+VM_MEM="${E2E_VM_MEM:-2048}"
+VM_CPUS="${E2E_VM_CPUS:-2}"
+
+versions=(1.7 2.1)
+scenarios=(basic)
+plugin=none
+timing_pods=3
+
+usage() {
+    sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    exit "${1:-0}"
+}
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --containerd)
+        case "${2:-}" in
+        1.7 | 2.1) versions=("$2") ;;
+        all) versions=(1.7 2.1) ;;
+        *) echo "run.sh: --containerd must be 1.7, 2.1 or all" >&2; exit 2 ;;
+        esac
+        shift 2 ;;
+    --scenario)
+        IFS=, read -r -a scenarios <<<"${2:?--scenario needs a name}"
+        shift 2 ;;
+    --plugin)
+        case "${2:-}" in
+        prelaunched | external | none) plugin="$2" ;;
+        *) echo "run.sh: --plugin must be prelaunched, external or none" >&2; exit 2 ;;
+        esac
+        shift 2 ;;
+    --timing-pods)
+        timing_pods="${2:?}"
+        shift 2 ;;
+    -h | --help) usage 0 ;;
+    *) echo "run.sh: unknown argument $1" >&2; usage 2 ;;
+    esac
+done
+
+log() { echo "e2e: $*" >&2; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
+
+for s in "${scenarios[@]}"; do
+    [ -f "$HERE/scenarios/$s.json" ] || { log "no scenario file tests/e2e/scenarios/$s.json"; exit 2; }
+done
+
+"$HERE/fetch.sh"
+
+# --- binaries -----------------------------------------------------------------
+log "building the CRI client example"
+(cd "$ROOT" && cargo build --quiet --example cri-client)
+CRI_CLIENT="$TARGET/debug/examples/cri-client"
+
+NRI_QOS=""
+if [ "$plugin" != none ]; then
+    NRI_QOS="${NRI_QOS_BIN:-}"
+    if [ -z "$NRI_QOS" ]; then
+        for c in "$TARGET/release/nri-qos" "$TARGET/debug/nri-qos"; do
+            if [ -x "$c" ] && { [ -z "$NRI_QOS" ] || [ "$c" -nt "$NRI_QOS" ]; }; then NRI_QOS="$c"; fi
+        done
+    fi
+    if [ -z "$NRI_QOS" ]; then
+        log "no nri-qos binary in $TARGET/{release,debug}: building a debug one"
+        (cd "$ROOT" && cargo build --quiet --bin nri-qos)
+        NRI_QOS="$TARGET/debug/nri-qos"
+    fi
+    log "plugin: $NRI_QOS ($plugin)"
+fi
+
+# --- image: an OCI layout tar with one busybox layer ----------------------------
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+build_image() {
+    local out="$WORK/images/busybox.tar" d="$WORK/image"
+    [ -s "$out" ] && [ "$out" -nt /bin/busybox ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && return
+    rm -rf "$d" && mkdir -p "$d/layer/bin" "$d/oci/blobs/sha256" "$WORK/images"
+    cp /bin/busybox "$d/layer/bin/busybox"
+    for a in sh sleep cat ls true; do ln -s busybox "$d/layer/bin/$a"; done
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$d/layer" -cf "$d/layer.tar" .
+    local layer lsize config csize manifest msize
+    layer="$(sha "$d/layer.tar")"
+    lsize="$(stat -c %s "$d/layer.tar")"
+    mv "$d/layer.tar" "$d/oci/blobs/sha256/$layer"
+    printf '{"architecture":"amd64","os":"linux","config":{"Cmd":["/bin/sleep","86400"],"Env":["PATH=/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+        "$layer" >"$d/config.json"
+    config="$(sha "$d/config.json")"
+    csize="$(stat -c %s "$d/config.json")"
+    mv "$d/config.json" "$d/oci/blobs/sha256/$config"
+    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
+        "$config" "$csize" "$layer" "$lsize" >"$d/manifest.json"
+    manifest="$(sha "$d/manifest.json")"
+    msize="$(stat -c %s "$d/manifest.json")"
+    mv "$d/manifest.json" "$d/oci/blobs/sha256/$manifest"
+    # The same image under two names: the workload image and the sandbox (pause) image.
+    local entry='{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}'
+    # shellcheck disable=SC2059
+    printf "{\"schemaVersion\":2,\"manifests\":[$entry,$entry]}" \
+        "$manifest" "$msize" "e2e.local/busybox:latest" "latest" \
+        "$manifest" "$msize" "registry.k8s.io/pause:3.10" "3.10" >"$d/oci/index.json"
+    echo '{"imageLayoutVersion":"1.0.0"}' >"$d/oci/oci-layout"
+    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$d/oci" -cf "$out" .
+}
+
+# --- containerd configs ----------------------------------------------------------
+config_17() {
+    cat <<'EOF'
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:3.10"
+  disable_apparmor = true
+  enable_cdi = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "/usr/bin/runc"
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "/var/run/nri/nri.sock"
+  plugin_path = "/opt/nri/plugins"
+  plugin_config_path = "/etc/nri/conf.d"
+EOF
+}
+
+config_21() {
+    cat <<'EOF'
+version = 3
+root = "/var/lib/containerd"
+state = "/run/containerd"
+[grpc]
+  address = "/run/containerd/containerd.sock"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "registry.k8s.io/pause:3.10"
+[plugins."io.containerd.cri.v1.runtime"]
+  disable_apparmor = true
+  enable_cdi = false
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      snapshotter = "native"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "/usr/bin/runc"
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "/var/run/nri/nri.sock"
+  plugin_path = "/opt/nri/plugins"
+  plugin_config_path = "/etc/nri/conf.d"
+EOF
+}
+
+# --- initramfs ------------------------------------------------------------------
+GUEST_LIBS=("$CACHE/root-libc6/usr/lib/x86_64-linux-gnu" "$CACHE/root-libseccomp2/usr/lib/x86_64-linux-gnu")
+# Copy the shared libraries binary $1 needs into rootfs $2, preferring the guest
+# (trixie) libc set; anything else (e.g. libgcc_s for Rust binaries) from the host.
+copy_libs() {
+    local bin="$1" r="$2" lib name src d
+    while read -r lib; do
+        name="$(basename "$lib")"
+        [ -e "$r/lib/x86_64-linux-gnu/$name" ] && continue
+        src=""
+        for d in "${GUEST_LIBS[@]}"; do [ -e "$d/$name" ] && src="$d/$name" && break; done
+        [ -n "$src" ] || src="$lib"
+        cp -L "$src" "$r/lib/x86_64-linux-gnu/$name"
+    done < <(ldd "$bin" 2>/dev/null | awk '$3 ~ /^\// {print $3}')
+}
+
+build_initramfs() {
+    local ver="$1" out="$2"
+    local r="$WORK/rootfs-$ver" cr="$CACHE/root-containerd-$ver"
+    rm -rf "$r"
+    mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,lib/x86_64-linux-gnu,lib64,etc/containerd,e2e/bin,e2e/scenarios,e2e/images,opt/nri/plugins,etc/nri/conf.d,root,var/log,var/lib,run}
+    ln -s ../run "$r/var/run"
+    cp /bin/busybox "$r/bin/busybox"
+    # busybox applets (sh, mount, ip, ...) as symlinks; skip ones we ship for real
+    for a in $(/bin/busybox --list); do
+        [ -e "$r/bin/$a" ] || ln -s busybox "$r/bin/$a"
+    done
+    cp "$HERE/guest/init" "$r/init"
+    cp "$HERE/guest/guest.sh" "$r/e2e/guest.sh"
+    chmod 755 "$r/init" "$r/e2e/guest.sh"
+    cp "$cr/usr/bin/containerd" "$cr/usr/bin/containerd-shim-runc-v2" "$cr/usr/bin/ctr" "$r/usr/bin/"
+    cp "$CACHE/root-runc/usr/sbin/runc" "$r/usr/bin/runc"
+    # the guest's loader and libc come from trixie (runc needs GLIBC_2.38)
+    cp -L "$CACHE/root-libc6/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$r/lib64/"
+    ln -s ../lib64/ld-linux-x86-64.so.2 "$r/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    for so in libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1; do
+        cp -L "$CACHE/root-libc6/usr/lib/x86_64-linux-gnu/$so" "$r/lib/x86_64-linux-gnu/"
+    done
+    cp -L "$CACHE/root-libseccomp2/usr/lib/x86_64-linux-gnu/libseccomp.so.2" "$r/lib/x86_64-linux-gnu/"
+    cp "$CRI_CLIENT" "$r/e2e/bin/cri-client"
+    [ -z "$NRI_QOS" ] || cp "$NRI_QOS" "$r/e2e/bin/nri-qos"
+    for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done
+    cp "$WORK/images/busybox.tar" "$r/e2e/images/"
+    cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
+    "config_${ver/./}" >"$r/etc/containerd/config.toml"
+    printf '127.0.0.1 localhost e2e-node\n::1 localhost\n' >"$r/etc/hosts"
+    printf 'nameserver 127.0.0.1\n' >"$r/etc/resolv.conf"
+    printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
+    printf 'root:x:0:\n' >"$r/etc/group"
+    {
+        echo "E2E_CONTAINERD=$ver"
+        echo "E2E_PLUGIN=$plugin"
+        echo "E2E_SCENARIOS=\"${scenarios[*]}\""
+        echo "E2E_TIMING_PODS=$timing_pods"
+        echo "E2E_VERBOSE=${E2E_VERBOSE:-0}"
+    } >"$r/e2e/env"
+    # uncompressed: the guest unpacks it faster than it could gunzip under TCG
+    (cd "$r" && find . -print0 | cpio --null -o -H newc --quiet) >"$out"
+}
+
+# --- run -----------------------------------------------------------------------
+parse_console() {
+    local logf="$1" name="$2"
+    local pass fail done_line
+    pass="$(grep -c '^E2E-CHECK [^ ]* PASS' "$logf" || true)"
+    fail="$(grep -c '^E2E-CHECK [^ ]* FAIL' "$logf" || true)"
+    done_line="$(grep -m1 '^E2E-DONE' "$logf" || true)"
+    grep '^E2E-CHECK [^ ]* FAIL' "$logf" | sed "s#^#e2e: [$name] #" >&2 || true
+    if [ -z "$done_line" ]; then
+        log "[$name] FAIL: the VM did not finish (timeout ${VM_TIMEOUT}s or crash); last console lines:"
+        tail -n 25 "$logf" | sed "s/^/    /" >&2
+        return 1
+    fi
+    log "[$name] $pass checks passed, $fail failed ($done_line)"
+    [ "$fail" -eq 0 ] && [ "$pass" -gt 0 ] && [ "$done_line" = "E2E-DONE rc=0" ]
+}
+
+mkdir -p "$WORK"
+build_image
+total_fail=0
+summary=()
+for ver in "${versions[@]}"; do
+    name="containerd-$ver/${plugin}/$(IFS=,; echo "${scenarios[*]}")"
+    initrd="$WORK/initramfs-$ver.cpio"
+    consolef="$WORK/console-$ver-$plugin.log"
+    t0=$(date +%s.%N)
+    build_initramfs "$ver" "$initrd"
+    t1=$(date +%s.%N)
+    log "[$name] initramfs $(du -h "$initrd" | cut -f1) built in $(elapsed "$t0" "$t1") s; booting (timeout ${VM_TIMEOUT}s)"
+    set +e
+    timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
+        -accel tcg -cpu max -m "$VM_MEM" -smp "$VM_CPUS" \
+        -nographic -no-reboot -nodefaults -serial stdio -display none \
+        -kernel "$CACHE/vmlinuz" -initrd "$initrd" \
+        -append "console=ttyS0 quiet panic=-1 rdinit=/init" </dev/null |
+        tr -d '\r' | tee "$consolef" | grep --line-buffered -E '^(E2E-(CHECK|INFO|TIMING|DONE)|Error)' | sed -u "s/^/    /"
+    set -e
+    t2=$(date +%s.%N)
+    wall="$(elapsed "$t1" "$t2")"
+    log "[$name] VM wall time ${wall} s; console log: $consolef"
+    if parse_console "$consolef" "$name"; then
+        summary+=("PASS $name (${wall} s)")
+    else
+        summary+=("FAIL $name (${wall} s)")
+        total_fail=$((total_fail + 1))
+    fi
+done
+
+echo "e2e summary:"
+printf '  %s\n' "${summary[@]}"
+[ "$total_fail" -eq 0 ]
