@@ -110,9 +110,11 @@ fn nri_drop_in_is_our_config() {
     let rel = "config/nri/10-nri-qos.conf";
     let cfg = Config::from_toml(&read(rel), &path(rel)).unwrap();
     assert!(!cfg.plugin.dry_run);
-    // Pre-launched stderr is /dev/null: the drop-in must log to a file.
-    assert!(cfg.plugin.log_file.is_some(), "{rel}: set plugin.log-file");
-    assert!(cfg.metrics.address.ip().is_loopback());
+    // Only [policy] and plugin.dry-run take effect from the drop-in; keep
+    // the file to those so nobody expects more.
+    let t = toml_file(rel);
+    assert!(t.keys().all(|k| k == "plugin" || k == "policy"), "{t:?}");
+    assert_eq!(get(&t, &["plugin"]).as_table().map(|p| p.len()), Some(1));
     // The file name is what the runtime looks up for plugin "10-nri-qos".
     let id = nri_qos::nri::Identity::from_file_name("10-nri-qos").expect("valid plugin name");
     assert_eq!((id.index.as_str(), id.name.as_str()), ("10", "nri-qos"));
@@ -397,4 +399,27 @@ fn daemonset_manifests() {
         cmd.last().map(String::as_str),
         Some(cfg.metrics.address.to_string().as_str())
     );
+}
+
+#[test]
+fn operations_doc_lists_every_variable_and_metric() {
+    let doc = read("docs/operations.md");
+    for (var, field) in nri_qos::config::env_variables() {
+        assert!(
+            doc.contains(&format!("| `{var}` | `{field}` |")),
+            "docs/operations.md: no table row for {var}"
+        );
+    }
+    for name in [
+        "nri_qos_adjustments_total",
+        "nri_qos_hook_duration_seconds",
+        "nri_qos_pressure",
+        "nri_qos_evictions_total",
+        "nri_qos_runtime_connected",
+    ] {
+        assert!(doc.contains(&format!("`{name}`")), "docs: {name}");
+        assert!(nri_qos::metrics::Metrics::new()
+            .render()
+            .contains(&format!("# TYPE {name} ")));
+    }
 }
