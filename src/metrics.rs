@@ -26,7 +26,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
-/// Kubernetes QoS class label values (`class`), spelled as Kubernetes does.
+/// Kubernetes QoS class label values (`class`), spelled as Kubernetes does
+/// (and as `QosClass`'s `Debug`, so `format!("{class:?}")` fits).
 pub const CLASSES: &[&str] = &["Guaranteed", "Burstable", "BestEffort", OTHER];
 /// Outcome label values (`result`) of one container adjustment.
 pub const RESULTS: &[&str] = &["applied", "unchanged", "dry_run", "error", OTHER];
@@ -42,8 +43,10 @@ pub const KINDS: &[&str] = &[
     "full_avg300",
     OTHER,
 ];
-/// Why the monitor evicted (`reason`).
-pub const REASONS: &[&str] = &["memory_pressure", "memory_available", "oom_kill", OTHER];
+/// Why the monitor evicted (`reason`): its hard threshold was crossed, or
+/// its soft threshold held for the grace period (`pressure::decide::Reason`;
+/// its `Debug` names match case-insensitively).
+pub const REASONS: &[&str] = &["hard", "soft", OTHER];
 /// Label value for anything outside the sets above.
 pub const OTHER: &str = "other";
 

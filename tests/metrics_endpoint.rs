@@ -187,7 +187,7 @@ fn scrape_parses_as_prometheus_text() {
     m.observe_hook(Duration::from_millis(3));
     m.observe_hook(Duration::from_millis(500));
     m.set_pressure("memory", "some_avg10", 3.25);
-    m.inc_eviction("BestEffort", "memory_pressure");
+    m.inc_eviction("BestEffort", "Hard");
     m.set_runtime_connected(true);
     let addr = start(m.clone());
 
@@ -241,7 +241,7 @@ fn scrape_parses_as_prometheus_text() {
     assert_eq!(
         get(
             "nri_qos_evictions_total",
-            &[("class", "BestEffort"), ("reason", "memory_pressure")]
+            &[("class", "BestEffort"), ("reason", "hard")]
         ),
         1.0
     );
