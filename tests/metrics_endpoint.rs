@@ -344,3 +344,49 @@ fn refuses_non_loopback() {
         .unwrap_err();
     assert!(err.to_string().contains("not a loopback"), "{err}");
 }
+
+#[test]
+fn metrics_is_send_sync_and_counts_from_many_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Metrics>();
+    let m = Arc::new(Metrics::new());
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                for _ in 0..1000 {
+                    m.record_adjustment("Burstable", "applied");
+                    m.observe_hook(Duration::from_micros(30));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let text = m.render();
+    assert!(text.contains("nri_qos_adjustments_total{class=\"Burstable\",result=\"applied\"} 4000"));
+    assert!(text.contains("nri_qos_hook_duration_seconds_count 4000"));
+}
+
+#[test]
+fn connections_beyond_the_limit_are_closed_not_queued() {
+    let addr = start(Arc::new(Metrics::new()));
+    let idle: Vec<TcpStream> = (0..metrics::MAX_CONNECTIONS)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    // Let the server accept them all (they then wait for a request).
+    std::thread::sleep(Duration::from_millis(300));
+    let resp = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n");
+    assert_eq!(resp, "", "over the limit: closed without an answer");
+    // Idle clients leaving free their slots.
+    drop(idle);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while let Err(e) = metrics::check_health(addr, Duration::from_secs(5)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "slots never freed: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
