@@ -118,7 +118,9 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("invalid config value {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
-    #[error("unknown environment variable {var}: not one of the NRI_QOS_* settings")]
+    #[error(
+        "unknown environment variable {var}: not one of the NRI_QOS_* settings ([policy] is file-only)"
+    )]
     UnknownEnv { var: String },
     #[error("invalid environment variable {var} (config value {field}): {reason}")]
     Env {
@@ -134,6 +136,13 @@ pub const ENV_PREFIX: &str = "NRI_QOS_";
 /// Variables that start with [`ENV_PREFIX`] but are not settings: read by
 /// `main` before the file is loaded, skipped by [`Config::apply_env`].
 pub const ENV_RESERVED: &[&str] = &["NRI_QOS_CONFIG"];
+
+/// Config tables whose variables [`Config::apply_env`] checks strictly: an
+/// unknown `NRI_QOS_<TABLE>_*` is an error. Other `NRI_QOS_*` names are left
+/// alone, because our own tooling shares the prefix (`NRI_QOS_E2E` is
+/// exported by `scripts/test-all.sh` and inherited by the plugin processes
+/// the protocol tests start; `NRI_QOS_BIN`, `NRI_QOS_SKIP_UPSTREAM`).
+pub const ENV_TABLES: &[&str] = &["PLUGIN", "NODE", "HIERARCHY", "METRICS", "POLICY"];
 
 type EnvSetter = fn(&mut Config, &str) -> Result<(), String>;
 
@@ -283,9 +292,10 @@ impl Config {
     }
 
     /// Applies `NRI_QOS_*` variables from `vars` (pass `std::env::vars_os()`
-    /// converted to strings; tests pass their own). Other variables are
-    /// ignored; an unknown `NRI_QOS_*` one is an error naming it, as is a
-    /// value that does not parse. Call [`Config::validate`] afterwards.
+    /// converted to strings; tests pass their own). An unknown variable of a
+    /// config table (`NRI_QOS_PLUGIN_SOKET`) is an error naming it, as is a
+    /// value that does not parse; variables outside [`ENV_TABLES`] are
+    /// ignored. Call [`Config::validate`] afterwards.
     pub fn apply_env(
         &mut self,
         vars: impl Iterator<Item = (String, String)>,
@@ -294,7 +304,8 @@ impl Config {
             let Some(suffix) = var.strip_prefix(ENV_PREFIX) else {
                 continue;
             };
-            if ENV_RESERVED.contains(&var.as_str()) {
+            let table = suffix.split('_').next().unwrap_or("");
+            if ENV_RESERVED.contains(&var.as_str()) || !ENV_TABLES.contains(&table) {
                 continue;
             }
             let Some((_, field, set)) = ENV_TABLE.iter().find(|(s, _, _)| *s == suffix) else {
@@ -481,6 +492,13 @@ mod tests {
                 &["NRI_QOS_PLUGIN_SOKET", "unknown"],
             ),
             (
+                "NRI_QOS_METRICS_ADRESS",
+                "127.0.0.1:1",
+                &["NRI_QOS_METRICS_ADRESS"],
+            ),
+            ("NRI_QOS_POLICY_MEMORY_HIGH", "false", &["file-only"]),
+            ("NRI_QOS_NODE", "x", &["NRI_QOS_NODE"]),
+            (
                 "NRI_QOS_PLUGIN_DRY_RUN",
                 "maybe",
                 &["NRI_QOS_PLUGIN_DRY_RUN", "plugin.dry-run"],
@@ -520,6 +538,11 @@ mod tests {
             ("PATH", "/bin"),
             ("NRI_PLUGIN_NAME", "x"),
             ("NRI_QOS_CONFIG", "/etc/other.toml"),
+            // Tooling variables sharing our prefix.
+            ("NRI_QOS_E2E", "1"),
+            ("NRI_QOS_BIN", "/tmp/nri-qos"),
+            ("NRI_QOS_SKIP_UPSTREAM", "1"),
+            ("NRI_QOS_PLUGINX_NAME", "y"),
             ("nri_qos_plugin_name", "lower"),
         ]))
         .unwrap();
