@@ -423,3 +423,21 @@ fn operations_doc_lists_every_variable_and_metric() {
             .contains(&format!("# TYPE {name} ")));
     }
 }
+
+#[test]
+fn image_puts_the_binary_where_the_daemonset_runs_it() {
+    let dockerfile = read("config/kubernetes/Dockerfile");
+    let Manifests { ds, .. } = manifests();
+    let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
+    let bin = pod.containers[0].command.clone().expect("command")[0].clone();
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l.starts_with("COPY --from=build") && l.ends_with(&format!(" {bin}"))),
+        "Dockerfile does not install {bin}"
+    );
+    assert!(
+        dockerfile.contains("--locked"),
+        "reproducible: build with Cargo.lock"
+    );
+}
