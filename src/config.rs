@@ -1,6 +1,8 @@
-//! Configuration: defaults, then a TOML file, then command-line flags.
-//! Unknown keys are an error that names the key and the file.
+//! Configuration: defaults, then a TOML file, then `NRI_QOS_*` environment
+//! variables ([`Config::apply_env`]), then command-line flags.
+//! Unknown keys and unknown `NRI_QOS_*` variables are errors that name them.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +25,7 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub hierarchy: HierarchyConfig,
     pub monitor: MonitorConfig,
+    pub metrics: MetricsConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,6 +89,29 @@ impl Default for NodeConfig {
     }
 }
 
+/// Default address of the metrics endpoint (loopback only, see [`MetricsConfig`]).
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9464";
+
+/// `[metrics]`: the optional Prometheus endpoint of [`crate::metrics`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct MetricsConfig {
+    /// Serve `GET /metrics` and `GET /healthz`.
+    pub enabled: bool,
+    /// Where to listen; must be a loopback address (we run as root next to
+    /// the runtime, so nothing listens beyond localhost).
+    pub address: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: false,
+            address: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
+}
+
 #[derive(Debug, Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}")]
@@ -98,6 +124,158 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("invalid config value {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
+    #[error(
+        "unknown environment variable {var}: not one of the NRI_QOS_* settings ([policy] is file-only)"
+    )]
+    UnknownEnv { var: String },
+    #[error("invalid environment variable {var} (config value {field}): {reason}")]
+    Env {
+        var: String,
+        field: &'static str,
+        reason: String,
+    },
+}
+
+/// Prefix of the environment variables [`Config::apply_env`] reads.
+pub const ENV_PREFIX: &str = "NRI_QOS_";
+
+/// Variables that start with [`ENV_PREFIX`] but are not settings: read by
+/// `main` before the file is loaded, skipped by [`Config::apply_env`].
+pub const ENV_RESERVED: &[&str] = &["NRI_QOS_CONFIG"];
+
+/// Config tables whose variables [`Config::apply_env`] checks strictly: an
+/// unknown `NRI_QOS_<TABLE>_*` is an error. Other `NRI_QOS_*` names are left
+/// alone, because our own tooling shares the prefix (`NRI_QOS_E2E` is
+/// exported by `scripts/test-all.sh` and inherited by the plugin processes
+/// the protocol tests start; `NRI_QOS_BIN`, `NRI_QOS_SKIP_UPSTREAM`).
+pub const ENV_TABLES: &[&str] = &["PLUGIN", "NODE", "HIERARCHY", "METRICS", "POLICY"];
+
+type EnvSetter = fn(&mut Config, &str) -> Result<(), String>;
+
+/// The environment mapping: `NRI_QOS_<TABLE>_<KEY>` with the key's `-` as `_`
+/// sets `<table>.<key>`. `[policy]` is file-only.
+const ENV_TABLE: &[(&str, &str, EnvSetter)] = &[
+    ("PLUGIN_NAME", "plugin.name", |c, v| {
+        c.plugin.name = v.to_string();
+        Ok(())
+    }),
+    ("PLUGIN_INDEX", "plugin.index", |c, v| {
+        c.plugin.index = v.to_string();
+        Ok(())
+    }),
+    ("PLUGIN_SOCKET", "plugin.socket", |c, v| {
+        c.plugin.socket = non_empty_path(v)?;
+        Ok(())
+    }),
+    ("PLUGIN_DRY_RUN", "plugin.dry-run", |c, v| {
+        c.plugin.dry_run = parse_bool(v)?;
+        Ok(())
+    }),
+    (
+        "PLUGIN_ADJUST_EXISTING",
+        "plugin.adjust-existing",
+        |c, v| {
+            c.plugin.adjust_existing = parse_bool(v)?;
+            Ok(())
+        },
+    ),
+    ("PLUGIN_LOG_FORMAT", "plugin.log-format", |c, v| {
+        c.plugin.log_format = v.to_string();
+        Ok(())
+    }),
+    ("PLUGIN_LOG_LEVEL", "plugin.log-level", |c, v| {
+        c.plugin.log_level = v.to_string();
+        Ok(())
+    }),
+    ("PLUGIN_LOG_FILE", "plugin.log-file", |c, v| {
+        // Empty turns a file's log-file off again.
+        c.plugin.log_file = (!v.is_empty()).then(|| PathBuf::from(v));
+        Ok(())
+    }),
+    ("NODE_CGROUP_ROOT", "node.cgroup-root", |c, v| {
+        c.node.cgroup_root = non_empty_path(v)?;
+        Ok(())
+    }),
+    ("NODE_PROC_ROOT", "node.proc-root", |c, v| {
+        c.node.proc_root = non_empty_path(v)?;
+        Ok(())
+    }),
+    (
+        "NODE_MEMORY_ALLOCATABLE",
+        "node.memory-allocatable",
+        |c, v| {
+            c.node.memory_allocatable = parse_num(v)?;
+            Ok(())
+        },
+    ),
+    ("HIERARCHY_ENABLED", "hierarchy.enabled", |c, v| {
+        c.hierarchy.enabled = parse_bool(v)?;
+        Ok(())
+    }),
+    (
+        "HIERARCHY_BUDGET_SHARE",
+        "hierarchy.budget-share",
+        |c, v| {
+            c.hierarchy.budget_share = parse_num(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "HIERARCHY_RESERVE_BYTES",
+        "hierarchy.reserve-bytes",
+        |c, v| {
+            c.hierarchy.reserve_bytes = parse_num(v)?;
+            Ok(())
+        },
+    ),
+    (
+        "HIERARCHY_RESYNC_SECONDS",
+        "hierarchy.resync-seconds",
+        |c, v| {
+            c.hierarchy.resync_seconds = parse_num(v)?;
+            Ok(())
+        },
+    ),
+    ("METRICS_ENABLED", "metrics.enabled", |c, v| {
+        c.metrics.enabled = parse_bool(v)?;
+        Ok(())
+    }),
+    ("METRICS_ADDRESS", "metrics.address", |c, v| {
+        c.metrics.address = parse_num(v)?;
+        Ok(())
+    }),
+];
+
+/// Every environment variable [`Config::apply_env`] understands, with the
+/// config value it sets (for docs and tests).
+pub fn env_variables() -> impl Iterator<Item = (String, &'static str)> {
+    ENV_TABLE
+        .iter()
+        .map(|(suffix, field, _)| (format!("{ENV_PREFIX}{suffix}"), *field))
+}
+
+fn parse_bool(v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!(
+            "{v:?} is not a boolean (true/false, 1/0, yes/no, on/off)"
+        )),
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(v: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    v.parse::<T>().map_err(|e| format!("{v:?}: {e}"))
+}
+
+fn non_empty_path(v: &str) -> Result<PathBuf, String> {
+    if v.is_empty() {
+        return Err("empty path".into());
+    }
+    Ok(PathBuf::from(v))
 }
 
 impl Config {
@@ -117,6 +295,35 @@ impl Config {
             source,
         })?;
         Config::from_toml(&text, path)
+    }
+
+    /// Applies `NRI_QOS_*` variables from `vars` (pass `std::env::vars_os()`
+    /// converted to strings; tests pass their own). An unknown variable of a
+    /// config table (`NRI_QOS_PLUGIN_SOKET`) is an error naming it, as is a
+    /// value that does not parse; variables outside [`ENV_TABLES`] are
+    /// ignored. Call [`Config::validate`] afterwards.
+    pub fn apply_env(
+        &mut self,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> Result<(), ConfigError> {
+        for (var, value) in vars {
+            let Some(suffix) = var.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let table = suffix.split('_').next().unwrap_or("");
+            if ENV_RESERVED.contains(&var.as_str()) || !ENV_TABLES.contains(&table) {
+                continue;
+            }
+            let Some((_, field, set)) = ENV_TABLE.iter().find(|(s, _, _)| *s == suffix) else {
+                return Err(ConfigError::UnknownEnv { var });
+            };
+            set(self, &value).map_err(|reason| ConfigError::Env {
+                var: var.clone(),
+                field,
+                reason,
+            })?;
+        }
+        Ok(())
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -140,6 +347,15 @@ impl Config {
             return Err(ConfigError::Invalid {
                 field: "plugin.log-format",
                 reason: format!("{:?} is not \"text\" or \"json\"", self.plugin.log_format),
+            });
+        }
+        if !self.metrics.address.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                field: "metrics.address",
+                reason: format!(
+                    "{} is not a loopback address; the endpoint only listens on localhost",
+                    self.metrics.address
+                ),
             });
         }
         Ok(())
@@ -177,5 +393,183 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("plugin.log-format"), "{err}");
+    }
+
+    #[test]
+    fn metrics_section_parses_and_defaults_off() {
+        let cfg = Config::from_toml(
+            "[metrics]\nenabled = true\naddress = \"[::1]:9000\"\n",
+            Path::new("c.toml"),
+        )
+        .unwrap();
+        assert!(cfg.metrics.enabled);
+        assert_eq!(cfg.metrics.address, "[::1]:9000".parse().unwrap());
+        let d = MetricsConfig::default();
+        assert!(!d.enabled);
+        assert_eq!(d.address.to_string(), DEFAULT_METRICS_ADDRESS);
+    }
+
+    #[test]
+    fn non_loopback_metrics_address_is_refused() {
+        for addr in ["0.0.0.0:9464", "10.0.0.1:9464", "[::]:9464"] {
+            let text = format!("[metrics]\naddress = \"{addr}\"\n");
+            let err = Config::from_toml(&text, Path::new("c.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("metrics.address"), "{addr}: {err}");
+        }
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> impl Iterator<Item = (String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+
+    #[test]
+    fn env_sets_each_field() {
+        type Check = fn(&Config) -> bool;
+        let table: &[(&str, &str, Check)] = &[
+            ("NRI_QOS_PLUGIN_NAME", "qos", |c| c.plugin.name == "qos"),
+            ("NRI_QOS_PLUGIN_INDEX", "42", |c| c.plugin.index == "42"),
+            ("NRI_QOS_PLUGIN_SOCKET", "/run/x.sock", |c| {
+                c.plugin.socket == Path::new("/run/x.sock")
+            }),
+            ("NRI_QOS_PLUGIN_DRY_RUN", "true", |c| c.plugin.dry_run),
+            ("NRI_QOS_PLUGIN_DRY_RUN", "1", |c| c.plugin.dry_run),
+            ("NRI_QOS_PLUGIN_DRY_RUN", "YES", |c| c.plugin.dry_run),
+            ("NRI_QOS_PLUGIN_ADJUST_EXISTING", "off", |c| {
+                !c.plugin.adjust_existing
+            }),
+            ("NRI_QOS_PLUGIN_LOG_FORMAT", "json", |c| {
+                c.plugin.log_format == "json"
+            }),
+            ("NRI_QOS_PLUGIN_LOG_LEVEL", "nri_qos=debug", |c| {
+                c.plugin.log_level == "nri_qos=debug"
+            }),
+            ("NRI_QOS_PLUGIN_LOG_FILE", "/var/log/q.log", |c| {
+                c.plugin.log_file.as_deref() == Some(Path::new("/var/log/q.log"))
+            }),
+            ("NRI_QOS_PLUGIN_LOG_FILE", "", |c| {
+                c.plugin.log_file.is_none()
+            }),
+            ("NRI_QOS_NODE_CGROUP_ROOT", "/host/sys/fs/cgroup", |c| {
+                c.node.cgroup_root == Path::new("/host/sys/fs/cgroup")
+            }),
+            ("NRI_QOS_NODE_PROC_ROOT", "/host/proc", |c| {
+                c.node.proc_root == Path::new("/host/proc")
+            }),
+            ("NRI_QOS_NODE_MEMORY_ALLOCATABLE", "1073741824", |c| {
+                c.node.memory_allocatable == 1 << 30
+            }),
+            ("NRI_QOS_HIERARCHY_ENABLED", "false", |c| {
+                !c.hierarchy.enabled
+            }),
+            ("NRI_QOS_HIERARCHY_BUDGET_SHARE", "0.5", |c| {
+                c.hierarchy.budget_share == 0.5
+            }),
+            ("NRI_QOS_HIERARCHY_RESERVE_BYTES", "0", |c| {
+                c.hierarchy.reserve_bytes == 0
+            }),
+            ("NRI_QOS_HIERARCHY_RESYNC_SECONDS", "5", |c| {
+                c.hierarchy.resync_seconds == 5
+            }),
+            ("NRI_QOS_METRICS_ENABLED", "on", |c| c.metrics.enabled),
+            ("NRI_QOS_METRICS_ADDRESS", "127.0.0.1:1234", |c| {
+                c.metrics.address.port() == 1234
+            }),
+        ];
+        for (var, value, check) in table {
+            let mut cfg = Config::default();
+            cfg.apply_env(env(&[(var, value)]))
+                .unwrap_or_else(|e| panic!("{var}={value}: {e}"));
+            assert!(check(&cfg), "{var}={value:?} not applied");
+        }
+        // Every mapped variable is covered by the table above.
+        for (var, _) in env_variables() {
+            assert!(table.iter().any(|(v, _, _)| *v == var), "{var} untested");
+        }
+    }
+
+    #[test]
+    fn env_errors_name_the_variable_and_field() {
+        let table: &[(&str, &str, &[&str])] = &[
+            (
+                "NRI_QOS_PLUGIN_SOKET",
+                "/x",
+                &["NRI_QOS_PLUGIN_SOKET", "unknown"],
+            ),
+            (
+                "NRI_QOS_METRICS_ADRESS",
+                "127.0.0.1:1",
+                &["NRI_QOS_METRICS_ADRESS"],
+            ),
+            ("NRI_QOS_POLICY_MEMORY_HIGH", "false", &["file-only"]),
+            ("NRI_QOS_NODE", "x", &["NRI_QOS_NODE"]),
+            (
+                "NRI_QOS_PLUGIN_DRY_RUN",
+                "maybe",
+                &["NRI_QOS_PLUGIN_DRY_RUN", "plugin.dry-run"],
+            ),
+            (
+                "NRI_QOS_NODE_MEMORY_ALLOCATABLE",
+                "-1",
+                &["node.memory-allocatable"],
+            ),
+            (
+                "NRI_QOS_HIERARCHY_BUDGET_SHARE",
+                "half",
+                &["hierarchy.budget-share"],
+            ),
+            (
+                "NRI_QOS_METRICS_ADDRESS",
+                "localhost:9464",
+                &["metrics.address"],
+            ),
+            ("NRI_QOS_PLUGIN_SOCKET", "", &["plugin.socket", "empty"]),
+        ];
+        for (var, value, needles) in table {
+            let err = Config::default()
+                .apply_env(env(&[(var, value)]))
+                .expect_err(var)
+                .to_string();
+            for n in *needles {
+                assert!(err.contains(n), "{var}={value:?}: {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn env_ignores_other_variables_and_reserved_ones() {
+        let mut cfg = Config::default();
+        cfg.apply_env(env(&[
+            ("PATH", "/bin"),
+            ("NRI_PLUGIN_NAME", "x"),
+            ("NRI_QOS_CONFIG", "/etc/other.toml"),
+            // Tooling variables sharing our prefix.
+            ("NRI_QOS_E2E", "1"),
+            ("NRI_QOS_BIN", "/tmp/nri-qos"),
+            ("NRI_QOS_SKIP_UPSTREAM", "1"),
+            ("NRI_QOS_PLUGINX_NAME", "y"),
+            ("nri_qos_plugin_name", "lower"),
+        ]))
+        .unwrap();
+        assert_eq!(cfg, Config::default());
+    }
+
+    #[test]
+    fn env_overrides_file_and_validation_catches_bad_values() {
+        let mut cfg =
+            Config::from_toml("[plugin]\ndry-run = false\n", Path::new("c.toml")).unwrap();
+        cfg.apply_env(env(&[
+            ("NRI_QOS_PLUGIN_DRY_RUN", "true"),
+            ("NRI_QOS_METRICS_ADDRESS", "0.0.0.0:9464"),
+        ]))
+        .unwrap();
+        assert!(cfg.plugin.dry_run);
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("metrics.address"), "{err}");
     }
 }

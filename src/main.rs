@@ -38,6 +38,15 @@ enum Command {
         /// The TOML file to check.
         file: PathBuf,
     },
+    /// Probe the local metrics endpoint's /healthz (for exec liveness probes).
+    Health {
+        /// Metrics address to probe.
+        #[arg(long, default_value = nri_qos::config::DEFAULT_METRICS_ADDRESS)]
+        address: std::net::SocketAddr,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 3)]
+        timeout_seconds: u64,
+    },
 }
 
 #[derive(Args, Debug, Default)]
@@ -212,6 +221,17 @@ fn main() -> anyhow::Result<()> {
             eprintln!("{}: ok", file.display());
             Ok(())
         }
+        Some(Command::Health {
+            address,
+            timeout_seconds,
+        }) => {
+            nri_qos::metrics::check_health(
+                address,
+                std::time::Duration::from_secs(timeout_seconds.max(1)),
+            )?;
+            println!("ok");
+            Ok(())
+        }
     }
 }
 
@@ -242,6 +262,16 @@ fn run_monitor(args: nri_qos::pressure::cli::MonitorArgs) -> anyhow::Result<()> 
     })
 }
 
+/// `NRI_QOS_*` variables of this process, as strings (non-UTF-8 lossily).
+fn process_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os().map(|(k, v)| {
+        (
+            k.to_string_lossy().into_owned(),
+            v.to_string_lossy().into_owned(),
+        )
+    })
+}
+
 fn load_config(explicit: Option<&Path>) -> anyhow::Result<Config> {
     match explicit {
         Some(p) => Ok(Config::load(p)?),
@@ -253,7 +283,13 @@ fn load_config(explicit: Option<&Path>) -> anyhow::Result<Config> {
 }
 
 fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
-    let mut cfg = load_config(args.config.as_deref())?;
+    // Layers: defaults, file, NRI_QOS_* environment, flags.
+    let config_path = args
+        .config
+        .clone()
+        .or_else(|| std::env::var_os("NRI_QOS_CONFIG").map(PathBuf::from));
+    let mut cfg = load_config(config_path.as_deref())?;
+    cfg.apply_env(process_env())?;
     if let Some(s) = args.socket {
         cfg.plugin.socket = s;
     }
@@ -344,6 +380,16 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        if cfg.metrics.enabled {
+            // Same thread as the NRI session: a wedged session fails /healthz too.
+            let metrics = std::sync::Arc::new(nri_qos::metrics::Metrics::new());
+            let addr = cfg.metrics.address;
+            tokio::spawn(async move {
+                if let Err(e) = nri_qos::metrics::serve(addr, metrics).await {
+                    tracing::error!(error = %e, "metrics endpoint stopped");
+                }
+            });
+        }
         if cfg.hierarchy.enabled && node.cgroup_v2 && !cfg.plugin.dry_run {
             let keeper = nri_qos::cgroup::Keeper::new(
                 cfg.node.cgroup_root.clone(),

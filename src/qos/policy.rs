@@ -312,16 +312,18 @@ pub fn decide(
             .annotations
             .get(MEMORY_HIGH_ANNOTATION)
             .is_some_and(|v| v.eq_ignore_ascii_case("off") || v == "false");
-        if cfg.memory_high && !opted_out && class != QosClass::Guaranteed {
-            let req = match class {
-                QosClass::BestEffort => 0,
-                _ => protected.unwrap_or(0),
-            };
-            if class == QosClass::Burstable && request.is_none() {
-                notes.push(
-                    "memory request unknown: memory.high computed from a zero request".into(),
-                );
-            }
+        // BestEffort's request is 0 by definition; a Burstable request we could
+        // not recover gets no memory.high, since a guess could throttle the
+        // container below what it asked for.
+        let high_base = match class {
+            QosClass::BestEffort => Some(0),
+            QosClass::Burstable => protected.or(request),
+            QosClass::Guaranteed => None,
+        };
+        if cfg.memory_high && class == QosClass::Burstable && high_base.is_none() {
+            notes.push("memory request unknown: memory.high left unset".into());
+        }
+        if let (true, false, Some(req)) = (cfg.memory_high, opted_out, high_base) {
             if let Some(h) = f::memory_high(
                 req,
                 limit,
@@ -502,9 +504,9 @@ mod tests {
             Vector { weight: Some(1), low: Some(GI), ..v("§8 row 6 memory limit only, request = limit: no memory.high", pod(B, &ann(REQ, "1Gi")), ctr(2, 0, GI, 938), Burstable) },
             Vector { weight: Some(303), low: Some(16 * GI), high: Some(32_641_748_992), ..v("§8 row 7 Burstable 4 CPU,16Gi→8 CPU,32Gi (oom floor 3 kept)", pod(B, &ann(REQ, "16Gi")), ctr(4096, 800_000, 32 * GI, 3), Burstable) },
             Vector { weight: Some(17), low: Some(MI), high: Some(60_502_016), ..v("§8 row 8 Burstable 1Mi→64Mi (oom 999 carries no request; annotation does)", pod(B, &ann(REQ, "1Mi")), ctr(102, 20_000, 64 * MI, 999), Burstable) },
-            Vector { weight: Some(17), high: Some(60_395_520), ..v("§8 row 8 without annotation: request unknown, memory.high from zero", pod(B, &[]), ctr(102, 20_000, 64 * MI, 999), Burstable) },
+            Vector { weight: Some(17), ..v("§8 row 8 without annotation: request unknown (adj 999), no memory.high rather than a guess", pod(B, &[]), ctr(102, 20_000, 64 * MI, 999), Burstable) },
             Vector { weight: Some(2), low: Some(256 * MI), high: Some(510_025_728), ..v("§8 row 9 Burstable 5m, 256Mi→512Mi", pod(B, &ann(REQ, "256Mi")), ctr(5, 1_000, 512 * MI, 985), Burstable) },
-            Vector { weight: Some(1), high: Some(14_495_514_624), ..v("§8 row 12 critical Burstable keeps the kubelet's -997 (which carries no request)", pod(B, &[]), ctr(2, 0, 0, -997), Burstable) },
+            Vector { weight: Some(1), ..v("§8 row 12 critical Burstable keeps the kubelet's -997 (which carries no request)", pod(B, &[]), ctr(2, 0, 0, -997), Burstable) },
             Vector { weight: Some(10_000), min: Some(GI), ..v("§8 row 13 300 CPU: shares capped at 262144 → weight 10000", pod(G, &[]), ctr(262_144, 30_000_000, GI, -997), Guaranteed) },
             Vector { weight: Some(39), min: Some(GI), cfg: linear.clone(), ..v("§3 linear KEP-2254: 1024 shares → 39", pod(G, &[]), ctr(1024, 100_000, GI, -997), Guaranteed) },
             Vector { weight: Some(10), min: Some(256 * MI), cfg: linear.clone(), ..v("§3 linear: 256 shares → 10", pod(G, &[]), ctr(256, 25_000, 256 * MI, -997), Guaranteed) },
@@ -522,7 +524,7 @@ mod tests {
             Vector { weight: Some(100), min: Some(GI), ..v("Guaranteed keeps a lower system value (-999)", pod(G, &[]), ctr(1024, 100_000, GI, -999), Guaranteed) },
             Vector { weight: Some(35), low: Some(256 * MI), high: Some(510_025_728), oom: Some(985), ..v("Burstable with no kubelet value: formula from the request (§2: 256Mi → 985)", pod(B, &ann(REQ, "256Mi")), ctr(256, 50_000, 512 * MI, 0), Burstable) },
             Vector { weight: Some(100), min: Some(GI), ..v("crictl, no kubepods parent: Guaranteed from resources", pod("/custom", &[]), ctr(1024, 100_000, GI, -997), Guaranteed) },
-            Vector { weight: Some(35), high: Some(483_180_544), ..v("crictl, no kubepods parent: Burstable from resources, oom 500 kept and not inverted", pod("/custom", &[]), ctr(256, 50_000, 512 * MI, 500), Burstable) },
+            Vector { weight: Some(35), ..v("crictl, no kubepods parent: Burstable from resources, oom 500 kept and not inverted", pod("/custom", &[]), ctr(256, 50_000, 512 * MI, 500), Burstable) },
             Vector { weight: Some(1), high: Some(14_495_514_624), ..v("crictl, no kubepods parent: BestEffort from resources", pod("/custom", &[]), ctr(2, 0, 0, 1000), BestEffort) },
             Vector { weight: Some(59), low: Some(GI), high: Some(14_602_887_168), ..v("systemd driver: Burstable slice", pod("kubepods-burstable-podu.slice", &ann(REQ, "1Gi")), ctr(512, 0, 0, 938), Burstable) },
             Vector { weight: Some(100), min: Some(GI), ..v("systemd driver: Guaranteed slice", pod("/kubepods.slice/kubepods-podu.slice", &[]), ctr(1024, 100_000, GI, -997), Guaranteed) },
