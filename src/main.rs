@@ -382,7 +382,7 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
     rt.block_on(async move {
         if cfg.metrics.enabled {
             // Same thread as the NRI session: a wedged session fails /healthz too.
-            let metrics = std::sync::Arc::new(nri_qos::metrics::Metrics::new());
+            let metrics = plugin.metrics();
             let addr = cfg.metrics.address;
             tokio::spawn(async move {
                 if let Err(e) = nri_qos::metrics::serve(addr, metrics).await {

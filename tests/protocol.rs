@@ -580,3 +580,67 @@ async fn configure_may_arrive_before_the_registration_reply() {
     assert!(!r.more);
     assert!(plugin.is_running(), "{}", plugin.log_text());
 }
+
+#[tokio::test]
+async fn metrics_endpoint_counts_adjustments_and_connection() {
+    // A free loopback port for the plugin's endpoint.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket_in(&dir);
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!("[metrics]\nenabled = true\naddress = \"127.0.0.1:{port}\"\n"),
+    )
+    .unwrap();
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut plugin = PluginProcess::external(
+        &sock,
+        dir.path(),
+        &["--config", cfg.to_str().unwrap(), "--log-level", "info"],
+    );
+    let mut s = accept(&listener, false).await;
+    s.handshake(true).await;
+    let p = pod("p", "/kubepods/burstable/podp");
+    let c = container("c", "p", 256, 50_000, 512 << 20, 985);
+    s.plugin
+        .create_container(
+            ctx(),
+            &api::CreateContainerRequest {
+                pod: protobuf::MessageField::some(p),
+                container: protobuf::MessageField::some(c),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let body = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        let _ = conn.read_to_string(&mut out);
+        out
+    })
+    .await
+    .unwrap();
+    // "applied" on a cgroup v2 host; "unchanged" on v1, where the kubelet's
+    // values are already all a v1 node can take.
+    assert!(
+        body.contains("nri_qos_adjustments_total{class=\"Burstable\",result=\"applied\"} 1")
+            || body
+                .contains("nri_qos_adjustments_total{class=\"Burstable\",result=\"unchanged\"} 1"),
+        "{body}"
+    );
+    assert!(body.contains("nri_qos_runtime_connected 1"), "{body}");
+    assert!(
+        body.contains("nri_qos_hook_duration_seconds_count 1"),
+        "{body}"
+    );
+    assert!(plugin.is_running(), "{}", plugin.log_text());
+}

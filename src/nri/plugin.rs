@@ -19,7 +19,16 @@ use ttrpc::r#async::TtrpcContext;
 use super::convert;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
+use crate::metrics::Metrics;
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
+
+fn class_label(c: QosClass) -> &'static str {
+    match c {
+        QosClass::Guaranteed => "Guaranteed",
+        QosClass::Burstable => "Burstable",
+        QosClass::BestEffort => "BestEffort",
+    }
+}
 
 /// Events we subscribe to. Kept within 0x7FF, the mask every runtime since
 /// NRI v0.6.1 accepts (newer bits make old runtimes drop the plugin).
@@ -135,6 +144,7 @@ pub struct QosPlugin {
     configured: watch::Sender<bool>,
     changed: watch::Sender<u64>,
     warned_old_runtime: AtomicBool,
+    metrics: Arc<Metrics>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -158,7 +168,18 @@ impl QosPlugin {
             configured: watch::channel(false).0,
             changed: watch::channel(0).0,
             warned_old_runtime: AtomicBool::new(false),
+            metrics: Arc::new(Metrics::new()),
         }
+    }
+
+    /// The plugin's metrics (served by the metrics endpoint when enabled).
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    fn record(&self, class: QosClass, result: &str, started: Instant) {
+        self.metrics.record_adjustment(class_label(class), result);
+        self.metrics.observe_hook(started.elapsed());
     }
 
     pub fn settings(&self) -> &PluginSettings {
@@ -521,6 +542,7 @@ impl Plugin for QosPlugin {
         _ctx: &TtrpcContext,
         req: api::CreateContainerRequest,
     ) -> ttrpc::Result<api::CreateContainerResponse> {
+        let started = Instant::now();
         let decision = self.decide_and_record(&req.pod, &req.container, None);
         let mut resp = api::CreateContainerResponse::new();
         let dry_run = self.dry_run();
@@ -528,10 +550,14 @@ impl Plugin for QosPlugin {
         counters.created += 1;
         if dry_run {
             info!(container = %req.container.name, adjustment = ?decision.adjustment, "dry run: adjustment not returned");
+            self.record(decision.class, "dry_run", started);
             return Ok(resp);
         }
-        if !decision.adjustment.is_empty() {
+        if decision.adjustment.is_empty() {
+            self.record(decision.class, "unchanged", started);
+        } else {
             counters.adjusted += 1;
+            self.record(decision.class, "applied", started);
         }
         resp.adjust = protobuf::MessageField::some(convert::adjustment_to_wire(
             &decision.adjustment,

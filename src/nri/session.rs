@@ -99,13 +99,20 @@ pub async fn run_session(
 ) -> SessionError {
     plugin.reset_session();
     let waiter = plugin.clone();
-    serve(
+    let metrics = plugin.metrics();
+    let connected = metrics.clone();
+    let end = serve(
         trunk,
         api_ttrpc::create_plugin(plugin),
         identity,
-        async move { waiter.wait_configured(DEFAULT_REGISTRATION_TIMEOUT).await },
+        async move {
+            connected.set_runtime_connected(true);
+            waiter.wait_configured(DEFAULT_REGISTRATION_TIMEOUT).await
+        },
     )
-    .await
+    .await;
+    metrics.set_runtime_connected(false);
+    end
 }
 
 /// Aborts a spawned task when dropped, so a cancelled session leaves nothing behind.
