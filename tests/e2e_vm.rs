@@ -3,7 +3,12 @@
 //! the kernel really holds. It needs qemu and a few minutes, so it only runs
 //! when `NRI_QOS_E2E=1` (CI sets it); otherwise each test prints a skip notice.
 //!
-//! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, default none),
+//! Each version runs with nri-qos: containerd 1.7 with the external plugin and
+//! the resilience sequence (plugin killed while pods are created, containerd
+//! restarted under it), containerd 2.1 with the plugin pre-launched; every
+//! scenario is followed by `nri-qos audit` inside the VM.
+//!
+//! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, overrides the per-version mode),
 //! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,memoryqos,kubelet),
 //! `NRI_QOS_E2E_TIMING_PODS` (default 1).
 
@@ -14,7 +19,7 @@ use std::sync::Mutex;
 /// One VM at a time: the machine has 2 cores and TCG is CPU-bound.
 static VM: Mutex<()> = Mutex::new(());
 
-fn run_e2e(containerd: &str) {
+fn run_e2e(containerd: &str, default_plugin: &str) {
     if std::env::var("NRI_QOS_E2E").as_deref() != Ok("1") {
         // Written to the stderr handle directly: libtest captures eprintln!, and a
         // skip should be visible in a plain `cargo test`.
@@ -26,7 +31,8 @@ fn run_e2e(containerd: &str) {
         return;
     }
     let _vm = VM.lock().unwrap_or_else(|e| e.into_inner());
-    let plugin = std::env::var("NRI_QOS_E2E_PLUGIN").unwrap_or_else(|_| "none".into());
+    let plugin = std::env::var("NRI_QOS_E2E_PLUGIN").unwrap_or_else(|_| default_plugin.into());
+    let resilience = if plugin == "external" { "1" } else { "0" };
     let scenarios =
         std::env::var("NRI_QOS_E2E_SCENARIOS").unwrap_or_else(|_| "basic,memoryqos,kubelet".into());
     // One timing pod keeps the suite well inside CI's budget on a busy machine.
@@ -38,6 +44,10 @@ fn run_e2e(containerd: &str) {
         .args(["--plugin", &plugin])
         .args(["--scenario", &scenarios])
         .args(["--timing-pods", &timing_pods])
+        .env(
+            "E2E_RESILIENCE",
+            std::env::var("E2E_RESILIENCE").unwrap_or_else(|_| resilience.into()),
+        )
         .status()
         .expect("could not start bash tests/e2e/run.sh");
     assert!(
@@ -49,10 +59,10 @@ fn run_e2e(containerd: &str) {
 
 #[test]
 fn e2e_containerd_1_7() {
-    run_e2e("1.7");
+    run_e2e("1.7", "external");
 }
 
 #[test]
 fn e2e_containerd_2_1() {
-    run_e2e("2.1");
+    run_e2e("2.1", "prelaunched");
 }
