@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::cgroup::HierarchyConfig;
+use crate::pressure::MonitorConfig;
 use crate::qos::PolicyConfig;
 
 /// Where the runtime's NRI socket lives by default (containerd and CRI-O).
@@ -23,6 +24,7 @@ pub struct Config {
     pub node: NodeConfig,
     pub policy: PolicyConfig,
     pub hierarchy: HierarchyConfig,
+    pub monitor: MonitorConfig,
     pub metrics: MetricsConfig,
 }
 
@@ -45,6 +47,9 @@ pub struct PluginConfig {
     pub log_level: String,
     /// Also append logs to this file (stderr always gets them).
     pub log_file: Option<PathBuf>,
+    /// Run the node pressure monitor in the plugin process, fed with the
+    /// runtime's pod list.
+    pub with_monitor: bool,
 }
 
 impl Default for PluginConfig {
@@ -58,6 +63,7 @@ impl Default for PluginConfig {
             log_format: "text".into(),
             log_level: "info".into(),
             log_file: None,
+            with_monitor: false,
         }
     }
 }
@@ -326,6 +332,10 @@ impl Config {
                 field: "plugin.name/plugin.index",
                 reason: e.to_string(),
             }
+        })?;
+        self.monitor.validate().map_err(|e| ConfigError::Invalid {
+            field: "monitor",
+            reason: e.to_string(),
         })?;
         self.policy
             .validate()

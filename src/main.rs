@@ -26,9 +26,13 @@ struct Cli {
 enum Command {
     /// Run the NRI plugin (the default when no command is given).
     Run(RunArgs),
+    /// Print every kernel value a Pod manifest will get on a node.
+    Explain(ExplainArgs),
     /// Compare what the policy wants with the node's real cgroup values.
     /// Exits with status 1 when any value drifts.
     Audit(AuditArgs),
+    /// Run the node memory-pressure monitor alone (see also `plugin.with-monitor`).
+    Monitor(nri_qos::pressure::cli::MonitorArgs),
     /// Validate a config file and print the effective configuration.
     CheckConfig {
         /// The TOML file to check.
@@ -68,6 +72,80 @@ struct RunArgs {
     /// Log level or tracing filter.
     #[arg(long)]
     log_level: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct ExplainArgs {
+    /// The Pod manifest (YAML), or - for standard input.
+    manifest: PathBuf,
+    /// Node memory capacity (MemTotal), a Kubernetes quantity.
+    #[arg(long, default_value = "16Gi")]
+    node_memory: String,
+    /// Node allocatable memory (default: the node memory).
+    #[arg(long)]
+    node_allocatable: Option<String>,
+    /// Node CPUs (informational; the kubepods cgroup's share).
+    #[arg(long, default_value = "8")]
+    node_cpus: String,
+    /// cgroup driver: cgroupfs or systemd.
+    #[arg(long, default_value = "cgroupfs")]
+    cgroup_driver: String,
+    /// Page size in bytes.
+    #[arg(long, default_value_t = 4096)]
+    page_size: u64,
+    /// Explain for a cgroup v1 node.
+    #[arg(long)]
+    cgroup_v1: bool,
+    /// Output: table or json.
+    #[arg(long, default_value = "table")]
+    output: String,
+    /// Config file whose [policy] to use (default: the built-in defaults).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+fn run_explain(args: ExplainArgs) -> anyhow::Result<()> {
+    use nri_qos::qos::explain::{self, Driver, NodeSpec};
+    use nri_qos::qos::quantity::{parse_bytes, parse_milli};
+    let cfg = match &args.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    let memory = parse_bytes(&args.node_memory).context("--node-memory")?;
+    let allocatable = match &args.node_allocatable {
+        Some(a) => parse_bytes(a).context("--node-allocatable")?,
+        None => memory,
+    };
+    parse_milli(&args.node_cpus).context("--node-cpus")?;
+    let driver = match args.cgroup_driver.as_str() {
+        "cgroupfs" => Driver::Cgroupfs,
+        "systemd" => Driver::Systemd,
+        other => bail!("--cgroup-driver must be cgroupfs or systemd, not {other:?}"),
+    };
+    if !matches!(args.output.as_str(), "table" | "json") {
+        bail!("--output must be table or json, not {:?}", args.output);
+    }
+    let yaml = if args.manifest.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the manifest from stdin")?
+    } else {
+        std::fs::read_to_string(&args.manifest)
+            .with_context(|| format!("reading {}", args.manifest.display()))?
+    };
+    let node = NodeSpec {
+        memory_capacity: memory,
+        memory_allocatable: allocatable.min(memory),
+        page_size: args.page_size.max(1),
+        driver,
+        cgroup_v2: !args.cgroup_v1,
+    };
+    let report = explain::explain(&yaml, &node, &cfg.policy)
+        .with_context(|| format!("explaining {}", args.manifest.display()))?;
+    if args.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", explain::render_table(&report));
+    }
+    Ok(())
 }
 
 #[derive(Args, Debug)]
@@ -132,6 +210,8 @@ fn main() -> anyhow::Result<()> {
         None => run_plugin(RunArgs::default()),
         Some(Command::Run(args)) => run_plugin(args),
         Some(Command::Audit(args)) => run_audit(args),
+        Some(Command::Explain(args)) => run_explain(args),
+        Some(Command::Monitor(args)) => run_monitor(args),
         Some(Command::CheckConfig { file }) => {
             let cfg = Config::load(&file)?;
             println!(
@@ -162,6 +242,33 @@ fn process_env() -> impl Iterator<Item = (String, String)> {
             k.to_string_lossy().into_owned(),
             v.to_string_lossy().into_owned(),
         )
+    })
+}
+
+fn run_monitor(args: nri_qos::pressure::cli::MonitorArgs) -> anyhow::Result<()> {
+    use nri_qos::pressure::{self, cli::LogFormat};
+    let format = match args.log_format {
+        LogFormat::Json => "json",
+        LogFormat::Text => "text",
+    };
+    nri_qos::observability::init(format, "info", None, nri_qos::observability::Journal::Off)
+        .context("setting up logging")?;
+    let (cfg, paths) = args.resolve().context("monitor configuration")?;
+    if args.once {
+        print!("{}", pressure::cli::once(cfg, paths)?);
+        return Ok(());
+    }
+    // One thread is plenty: the loop sleeps in epoll and runs I/O on the
+    // blocking pool.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async {
+        tokio::select! {
+            r = pressure::run(cfg, paths, Arc::new(pressure::NoPods)) => r.context("monitor"),
+            _ = shutdown_signal() => Ok(()),
+        }
     })
 }
 
@@ -297,6 +404,24 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
             ));
         } else if cfg.hierarchy.enabled && !node.cgroup_v2 {
             tracing::info!("cgroup v1 node: no memory.min/memory.low, hierarchy keeper off");
+        }
+        if cfg.plugin.with_monitor {
+            let pods = Arc::new(nri_qos::pressure::SharedRegistry::default());
+            tokio::spawn(nri_qos::nri::feed::feed_monitor(
+                plugin.registry(),
+                plugin.subscribe_changes(),
+                pods.clone(),
+            ));
+            let paths = nri_qos::pressure::Paths {
+                cgroup_root: cfg.node.cgroup_root.clone(),
+                proc_root: cfg.node.proc_root.clone(),
+            };
+            let monitor_cfg = cfg.monitor.clone();
+            tokio::spawn(async move {
+                if let Err(e) = nri_qos::pressure::run(monitor_cfg, paths, pods).await {
+                    tracing::error!(error = %e, "pressure monitor stopped");
+                }
+            });
         }
         tokio::select! {
             r = nri_qos::nri::session::run(transport, plugin, identity) => r.map_err(anyhow::Error::from),

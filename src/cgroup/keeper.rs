@@ -309,6 +309,7 @@ mod tests {
                     name: format!("c{i}"),
                     class: QosClass::Burstable,
                     memory_request: None,
+                    request_source: crate::qos::RequestSource::Unknown,
                     memory_min: *min,
                     memory_low: *low,
                     oom_score_adj: None,

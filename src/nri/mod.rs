@@ -2,6 +2,7 @@
 //! the Plugin service and the session lifecycle.
 
 pub mod convert;
+pub mod feed;
 pub mod mux;
 pub mod plugin;
 pub mod proto;

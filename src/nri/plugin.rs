@@ -84,6 +84,7 @@ pub struct ContainerRecord {
     pub name: String,
     pub class: QosClass,
     pub memory_request: Option<u64>,
+    pub request_source: qos::RequestSource,
     /// memory.min / memory.low we asked the runtime to set (bytes).
     pub memory_min: u64,
     pub memory_low: u64,
@@ -289,6 +290,7 @@ impl QosPlugin {
             name: container.name.clone(),
             class: decision.class,
             memory_request: decision.memory_request,
+            request_source: decision.request_source,
             memory_min: bytes("memory.min"),
             memory_low: bytes("memory.low"),
             oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),

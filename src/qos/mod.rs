@@ -8,7 +8,9 @@
 
 use std::collections::BTreeMap;
 
+pub mod explain;
 pub mod formulas;
+pub mod pod;
 pub mod policy;
 pub mod quantity;
 

@@ -203,9 +203,17 @@ pub fn memory_request(
             .oom_score_adj
             .and_then(|adj| f::memory_request_from_oom_score_adj(adj, node.memory_capacity))
         {
-            Some(r) => {
-                // Never more than the limit, whatever the inversion says.
-                let r = limit.map_or(r, |l| r.min(l));
+            Some(lo) => {
+                // The adj only pins the request to [lo, lo + C/1000). When the
+                // limit lies in that interval, request == limit is the reading
+                // the kubelet's own data allows (and sets no memory.high);
+                // never more than the limit either way.
+                let width = node.memory_capacity / 1000;
+                let r = match limit {
+                    Some(l) if l >= lo && l < lo.saturating_add(width.max(1)) => l,
+                    Some(l) => lo.min(l),
+                    None => lo,
+                };
                 (Some(r), RequestSource::OomScoreAdj)
             }
             None => (None, RequestSource::Unknown),
@@ -490,6 +498,7 @@ mod tests {
             Vector { weight: Some(17), low: Some(128 * MI), high: Some(496_603_136), ..v("§8 row 4 Burstable 100m,128Mi→500m,512Mi, request from annotation", pod(B, &ann(REQ, "128Mi")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
             Vector { weight: Some(17), low: Some(120_258_560), high: Some(495_206_400), ..v("§8 row 4 without annotation: request inverted from oom 993 (lower end, page-aligned; §5 route 2)", pod(B, &[]), ctr(102, 50_000, 512 * MI, 993), Burstable) },
             Vector { weight: Some(59), low: Some(GI), high: Some(14_602_887_168), ..v("§8 row 5 Burstable 500m,1Gi, no limit: memory.high base = allocatable", pod(B, &ann(REQ, "1Gi")), ctr(512, 0, 0, 938), Burstable) },
+            Vector { weight: Some(1), low: Some(GI), ..v("§8 row 6 without annotation: oom 938 allows request == limit 1Gi, so no memory.high", pod(B, &[]), ctr(2, 0, GI, 938), Burstable) },
             Vector { weight: Some(1), low: Some(GI), ..v("§8 row 6 memory limit only, request = limit: no memory.high", pod(B, &ann(REQ, "1Gi")), ctr(2, 0, GI, 938), Burstable) },
             Vector { weight: Some(303), low: Some(16 * GI), high: Some(32_641_748_992), ..v("§8 row 7 Burstable 4 CPU,16Gi→8 CPU,32Gi (oom floor 3 kept)", pod(B, &ann(REQ, "16Gi")), ctr(4096, 800_000, 32 * GI, 3), Burstable) },
             Vector { weight: Some(17), low: Some(MI), high: Some(60_502_016), ..v("§8 row 8 Burstable 1Mi→64Mi (oom 999 carries no request; annotation does)", pod(B, &ann(REQ, "1Mi")), ctr(102, 20_000, 64 * MI, 999), Burstable) },

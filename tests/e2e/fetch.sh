@@ -26,17 +26,12 @@ host_packages() {
     local missing=()
     command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
     command -v cpio >/dev/null || missing+=(cpio)
-    [ -x /bin/busybox ] || missing+=(busybox-static)
+    command -v timeout >/dev/null || missing+=(coreutils)
     if [ "${#missing[@]}" -gt 0 ]; then
         log "installing host packages: ${missing[*]}"
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
         apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    fi
-    if ! dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed'; then
-        # /bin/busybox may be the dynamic one; the guest needs the static build.
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get install -y -qq --no-install-recommends busybox-static >/dev/null
     fi
 }
 
@@ -72,6 +67,7 @@ private_apt() {
         -o "Dir::State::Status=/var/lib/dpkg/status"
         -o "APT::Get::List-Cleanup=0"
         -o "Debug::NoLocking=1"
+        -o "APT::Sandbox::User=root"
         -o "Acquire::Languages=none"
     )
     # Refresh the private lists at most once a day.
@@ -99,7 +95,6 @@ get_deb() {
     log "downloading $pkg=$ver ($suite)"
     local tmp
     tmp="$(mktemp -d)"
-    chmod 755 "$tmp" # apt downloads as the _apt user
     (cd "$tmp" && apt-get "${APT_OPTS[@]}" download -qq "$pkg=$ver")
     mv "$tmp"/*.deb "$out"
     rmdir "$tmp"
@@ -135,11 +130,14 @@ main() {
     get_deb containerd "$CTRD17_SUITE" "$CTRD17_VERSION" containerd-1.7
     get_deb containerd "$CTRD21_SUITE" "$CTRD21_VERSION" containerd-2.1
     get_deb runc "$RUNC_SUITE" "$RUNC_VERSION" runc
+    # The guest's (and the test image's) static busybox is fetched, not installed:
+    # busybox-static conflicts with the host's busybox package, if any.
+    get_deb busybox-static "$KERNEL_SUITE" "" busybox-static
     # trixie's runc needs GLIBC_2.38 (bookworm has 2.36): the guest gets trixie's
     # libc and libseccomp, which also run the older-glibc binaries (containerd, ours).
     get_deb libc6 "$RUNC_SUITE" "" libc6
     get_deb libseccomp2 "$RUNC_SUITE" "" libseccomp2
-    for n in containerd-1.7 containerd-2.1 runc libc6 libseccomp2; do extract "$n"; done
+    for n in containerd-1.7 containerd-2.1 runc libc6 libseccomp2 busybox-static; do extract "$n"; done
     log "ok: $(cd "$CACHE" && ls -d vmlinuz root-*)"
 }
 

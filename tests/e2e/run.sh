@@ -8,6 +8,7 @@
 #
 # Exit status: 0 when every E2E-CHECK passed on every VM, non-zero otherwise.
 set -euo pipefail
+{ # bash reads this whole group before running it, so editing run.sh mid-run is safe
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -19,7 +20,7 @@ VM_MEM="${E2E_VM_MEM:-2048}"
 VM_CPUS="${E2E_VM_CPUS:-2}"
 
 versions=(1.7 2.1)
-scenarios=(basic)
+scenarios=(basic memoryqos kubelet)
 plugin=none
 timing_pods=3
 
@@ -62,6 +63,9 @@ for s in "${scenarios[@]}"; do
 done
 
 "$HERE/fetch.sh"
+BUSYBOX="$CACHE/root-busybox-static/bin/busybox"
+[ -x "$BUSYBOX" ] || BUSYBOX="$CACHE/root-busybox-static/usr/bin/busybox"
+[ -x "$BUSYBOX" ] || { log "no static busybox in $CACHE/root-busybox-static"; exit 1; }
 
 # --- binaries -----------------------------------------------------------------
 log "building the CRI client example"
@@ -88,9 +92,9 @@ fi
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 build_image() {
     local out="$WORK/images/busybox.tar" d="$WORK/image"
-    [ -s "$out" ] && [ "$out" -nt /bin/busybox ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && return
+    [ -s "$out" ] && [ "$out" -nt "$BUSYBOX" ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && return
     rm -rf "$d" && mkdir -p "$d/layer/bin" "$d/oci/blobs/sha256" "$WORK/images"
-    cp /bin/busybox "$d/layer/bin/busybox"
+    cp "$BUSYBOX" "$d/layer/bin/busybox"
     for a in sh sleep cat ls true; do ln -s busybox "$d/layer/bin/$a"; done
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$d/layer" -cf "$d/layer.tar" .
     local layer lsize config csize manifest msize
@@ -197,9 +201,9 @@ build_initramfs() {
     rm -rf "$r"
     mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,lib/x86_64-linux-gnu,lib64,etc/containerd,e2e/bin,e2e/scenarios,e2e/images,opt/nri/plugins,etc/nri/conf.d,root,var/log,var/lib,run}
     ln -s ../run "$r/var/run"
-    cp /bin/busybox "$r/bin/busybox"
+    cp "$BUSYBOX" "$r/bin/busybox"
     # busybox applets (sh, mount, ip, ...) as symlinks; skip ones we ship for real
-    for a in $(/bin/busybox --list); do
+    for a in $("$BUSYBOX" --list); do
         [ -e "$r/bin/$a" ] || ln -s busybox "$r/bin/$a"
     done
     cp "$HERE/guest/init" "$r/init"
@@ -219,7 +223,10 @@ build_initramfs() {
     for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
-    "config_${ver/./}" >"$r/etc/containerd/config.toml"
+    case "$ver" in
+    1.7) config_17 ;;
+    2.1) config_21 ;;
+    esac >"$r/etc/containerd/config.toml"
     printf '127.0.0.1 localhost e2e-node\n::1 localhost\n' >"$r/etc/hosts"
     printf 'nameserver 127.0.0.1\n' >"$r/etc/resolv.conf"
     printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
@@ -227,6 +234,7 @@ build_initramfs() {
     {
         echo "E2E_CONTAINERD=$ver"
         echo "E2E_PLUGIN=$plugin"
+        echo "E2E_RESILIENCE=${E2E_RESILIENCE:-0}"
         echo "E2E_SCENARIOS=\"${scenarios[*]}\""
         echo "E2E_TIMING_PODS=$timing_pods"
         echo "E2E_VERBOSE=${E2E_VERBOSE:-0}"
@@ -274,7 +282,8 @@ for ver in "${versions[@]}"; do
     set -e
     t2=$(date +%s.%N)
     wall="$(elapsed "$t1" "$t2")"
-    log "[$name] VM wall time ${wall} s; console log: $consolef"
+    grep '^E2E-RESULT ' "$consolef" | sed 's/^E2E-RESULT //' >"$WORK/results-$ver-$plugin.jsonl" || true
+    log "[$name] VM wall time ${wall} s; console log: $consolef; values: $WORK/results-$ver-$plugin.jsonl"
     if parse_console "$consolef" "$name"; then
         summary+=("PASS $name (${wall} s)")
     else
@@ -285,4 +294,6 @@ done
 
 echo "e2e summary:"
 printf '  %s\n' "${summary[@]}"
-[ "$total_fail" -eq 0 ]
+if [ "$total_fail" -ne 0 ]; then exit 1; fi
+exit 0
+}

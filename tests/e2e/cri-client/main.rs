@@ -71,6 +71,8 @@ enum Cmd {
         #[arg(long)]
         keep: bool,
     },
+    /// Stop and remove every pod sandbox (after `run --keep`)
+    Cleanup,
     /// Start N pods (RunPodSandbox + CreateContainer + StartContainer) and time them
     Timing {
         #[arg(long, default_value_t = 5)]
@@ -149,6 +151,10 @@ struct Scenario {
     name: String,
     #[serde(default)]
     description: String,
+    /// cgroups to create and write before any pod starts, as the kubelet does
+    /// for /kubepods, the QoS classes and each pod (path -> file -> value)
+    #[serde(default)]
+    cgroups: BTreeMap<String, BTreeMap<String, String>>,
     pods: Vec<PodSpec>,
 }
 
@@ -365,6 +371,51 @@ fn read_values(pid: u32) -> Result<(String, BTreeMap<String, String>)> {
     Ok((path, values))
 }
 
+/// mkdir the cgroup (and its missing ancestors) with every available controller
+/// delegated on the way down, then write the given files: the kubelet's job on
+/// a real node. Paths are applied in sorted order, so parents come first.
+fn precreate_cgroups(cgroups: &BTreeMap<String, BTreeMap<String, String>>) -> bool {
+    let mut ok = true;
+    for (path, files) in cgroups {
+        let res: Result<()> = (|| {
+            let mut dir = PathBuf::from(CGROUP_ROOT);
+            for part in path.trim_matches('/').split('/').filter(|p| !p.is_empty()) {
+                let controllers = std::fs::read_to_string(dir.join("cgroup.controllers"))?;
+                let enable: Vec<String> = controllers
+                    .split_whitespace()
+                    .map(|c| format!("+{c}"))
+                    .collect();
+                std::fs::write(dir.join("cgroup.subtree_control"), enable.join(" "))
+                    .with_context(|| format!("delegating controllers in {}", dir.display()))?;
+                dir.push(part);
+                if !dir.exists() {
+                    std::fs::create_dir(&dir)
+                        .with_context(|| format!("mkdir {}", dir.display()))?;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = res {
+            ok &= check(&format!("cgroup:{path}"), false, &format!("{e:#}"));
+            continue;
+        }
+        let dir = Path::new(CGROUP_ROOT).join(path.trim_start_matches('/'));
+        for (file, value) in files {
+            let res = std::fs::write(dir.join(file), value);
+            let got = read_trim(&dir.join(file));
+            ok &= check(
+                &format!("cgroup:{path}/{file}"),
+                res.is_ok(),
+                &format!(
+                    "wrote {value:?}, reads {got:?} {}",
+                    res.err().map(|e| e.to_string()).unwrap_or_default()
+                ),
+            );
+        }
+    }
+    ok
+}
+
 fn value_str(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
@@ -495,7 +546,7 @@ async fn run_scenario(
         }
         None => None,
     };
-    let mut all_ok = true;
+    let mut all_ok = precreate_cgroups(&scenario.cgroups);
     let mut started = Vec::new();
     for pod in &scenario.pods {
         let t0 = Instant::now();
@@ -710,6 +761,22 @@ async fn main() -> Result<()> {
             parent,
             image,
         } => timing(&mut client, pods, &parent, &image).await?,
+        Cmd::Cleanup => {
+            let mut errors = Vec::new();
+            for p in client.list_pod_sandboxes().await? {
+                if let Err(e) = client.stop_pod_sandbox(&p.id).await {
+                    errors.push(format!("stop {}: {e:#}", p.id));
+                } else if let Err(e) = client.remove_pod_sandbox(&p.id).await {
+                    errors.push(format!("remove {}: {e:#}", p.id));
+                }
+            }
+            let left = client.list_pod_sandboxes().await?.len();
+            check(
+                "cleanup",
+                errors.is_empty() && left == 0,
+                &format!("{left} sandboxes left {}", errors.join("; ")),
+            )
+        }
     };
     if !ok {
         std::process::exit(1);

@@ -8,6 +8,7 @@ export PATH=/usr/bin:/usr/sbin:/bin:/sbin
 # shellcheck source=/dev/null
 . /e2e/env
 exec >/dev/console 2>&1
+echo # the firmware leaves escape codes on the console line; start a clean one
 
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 info() { echo "E2E-INFO t=$(uptime_s)s $*"; }
@@ -41,11 +42,35 @@ info "MemTotal $(awk '/MemTotal/ {print $2}' /proc/meminfo) kB"
 
 case "$E2E_PLUGIN" in
 prelaunched)
-    mkdir -p /opt/nri/plugins
+    mkdir -p /opt/nri/plugins /etc/nri-qos
     cp /e2e/bin/nri-qos /opt/nri/plugins/10-nri-qos
     chmod 755 /opt/nri/plugins/10-nri-qos
+    # The runtime discards a pre-launched plugin's stderr and there is no
+    # journal here: have it log to a file we can show.
+    printf '[plugin]\nlog-file = "/var/log/nri-qos.log"\nlog-level = "nri_qos=debug"\n' >/etc/nri-qos/nri-qos.toml
     ;;
 esac
+
+# The pid of a process whose command line contains $1 (busybox has no pgrep -f).
+pid_of() {
+    for d in /proc/[0-9]*; do
+        case "$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)" in
+        *"$1"*) echo "${d#/proc/}"; return 0 ;;
+        esac
+    done
+    return 1
+}
+
+# nri-qos audit: the runtime's pods, our policy and the kernel's values must agree.
+audit() {
+    if out="$(/e2e/bin/nri-qos audit --socket /var/run/nri/nri.sock --timeout-seconds 20 2>&1)"; then
+        check "$1.audit" PASS "$(echo "$out" | tail -n 1)"
+    else
+        check "$1.audit" FAIL "$(echo "$out" | grep -E 'DRIFT|skipped|rror' | head -n 12 | tr '\n' ';') $(echo "$out" | tail -n 1)"
+        echo "$out"
+        rc=1
+    fi
+}
 
 containerd --version
 info "starting containerd"
@@ -76,6 +101,7 @@ else
     info "no NRI socket (NRI disabled?)"
 fi
 
+rc=0
 plugin_pid=""
 case "$E2E_PLUGIN" in
 external)
@@ -89,32 +115,87 @@ external)
     if kill -0 "$plugin_pid" 2>/dev/null; then
         check plugin.external PASS "pid $plugin_pid running"
     else
-        check plugin.external FAIL "exited early: $(tail -n 5 /var/log/nri-qos.log | tr '\n' ' ')"
+        code=0
+        wait "$plugin_pid" || code=$?
+        check plugin.external FAIL "exited early with status $code: $(tail -n 5 /var/log/nri-qos.log | tr '\n' ' ')"
+        rc=1
     fi
     ;;
 prelaunched)
     sleep 2
-    if pgrep -f /opt/nri/plugins/10-nri-qos >/dev/null 2>&1 || pgrep 10-nri-qos >/dev/null 2>&1; then
-        check plugin.prelaunched PASS "running"
+    if pid="$(pid_of /opt/nri/plugins/10-nri-qos)"; then
+        check plugin.prelaunched PASS "running as pid $pid"
     else
         check plugin.prelaunched FAIL "not running; containerd log: $(grep -i nri /var/log/containerd.log | tail -n 3 | tr '\n' ' ')"
+        rc=1
     fi
     ;;
 esac
 
-rc=0
 for s in $E2E_SCENARIOS; do
     info "scenario $s: start"
     set -- run "/e2e/scenarios/$s.json"
     if [ "$E2E_PLUGIN" = none ]; then
         # Without a plugin the runtime must apply the CRI request unchanged.
         set -- "$@" --expect-cri
+    elif [ -f "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json" ]; then
+        # per-version expectations win over the common ones
+        set -- "$@" --expect "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json"
     elif [ -f "/e2e/scenarios/$s.expected.json" ]; then
         set -- "$@" --expect "/e2e/scenarios/$s.expected.json"
     fi
-    /e2e/bin/cri-client "$@" || rc=1
+    if [ "$E2E_PLUGIN" = none ]; then
+        /e2e/bin/cri-client "$@" || rc=1
+    else
+        # Keep the pods for the audit, then clean up.
+        /e2e/bin/cri-client "$@" --keep || rc=1
+        audit "$s"
+        /e2e/bin/cri-client cleanup || rc=1
+    fi
     info "scenario $s: end"
 done
+
+# Resilience (external plugin): pods created while the plugin is down still
+# start and are brought into line when it comes back; a containerd restart
+# under a running plugin ends in a reconnect and a new sync.
+if [ "$E2E_PLUGIN" = external ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ -n "$plugin_pid" ]; then
+    kill -9 "$plugin_pid" 2>/dev/null
+    wait "$plugin_pid" 2>/dev/null
+    info "resilience: plugin killed; creating pods without it"
+    /e2e/bin/cri-client run /e2e/scenarios/basic.json --keep --expect-cri >/tmp/res1.out 2>&1
+    if grep -q "E2E-CHECK .* FAIL" /tmp/res1.out; then
+        check resilience.pods_without_plugin FAIL "$(grep 'FAIL' /tmp/res1.out | head -n 3 | tr '\n' ';')"
+        rc=1
+    else
+        check resilience.pods_without_plugin PASS "pods started with the runtime's own values"
+    fi
+    /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock >>/var/log/nri-qos.log 2>&1 &
+    plugin_pid=$!
+    sleep 3
+    # adjust-existing: the new session's Synchronize updates the running containers.
+    audit resilience.plugin_restarted
+    info "resilience: restarting containerd under the running plugin"
+    connects_before="$(grep -c 'connected to the runtime' /var/log/nri-qos.log)"
+    kill "$(pid_of 'containerd --config')" 2>/dev/null
+    i=0
+    while pid_of 'containerd --config' >/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    containerd --config /etc/containerd/config.toml >>/var/log/containerd.log 2>&1 &
+    i=0
+    while [ ! -S /var/run/nri/nri.sock ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    i=0
+    while [ "$(grep -c 'connected to the runtime' /var/log/nri-qos.log)" -le "$connects_before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+    connects="$(grep -c 'connected to the runtime' /var/log/nri-qos.log)"
+    if kill -0 "$plugin_pid" 2>/dev/null && [ "$connects" -gt "$connects_before" ]; then
+        check resilience.reconnected PASS "same plugin process reconnected after $((i / 5)) s"
+    else
+        check resilience.reconnected FAIL "connects=$connects alive=$(kill -0 "$plugin_pid" 2>/dev/null && echo yes || echo no)"
+        rc=1
+    fi
+    /e2e/bin/cri-client cleanup >/dev/null 2>&1
+    /e2e/bin/cri-client run /e2e/scenarios/basic.json --keep >/tmp/res2.out 2>&1 || true
+    audit resilience.after_containerd_restart
+    /e2e/bin/cri-client cleanup || rc=1
+fi
 
 if [ "${E2E_TIMING_PODS:-0}" -gt 0 ]; then
     /e2e/bin/cri-client timing --pods "$E2E_TIMING_PODS" || rc=1

@@ -1,0 +1,390 @@
+//! The I/O of acting: `memory.reclaim`, a temporary `memory.high`, and
+//! killing a whole pod cgroup (`cgroup.kill`, else SIGKILL per pid) followed
+//! by `process_mrelease`. Process syscalls sit behind [`ProcessOps`] so tests
+//! on a fake tree never signal a real pid.
+
+use std::fs::OpenOptions;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::stat;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ActError {
+    #[error("write {value:?} to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Writes an existing cgroup file in one write; never creates files.
+pub fn write_file(path: &Path, value: &str) -> Result<(), ActError> {
+    // O_TRUNC is ignored by cgroupfs and keeps plain files in fake trees exact.
+    let mut f = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(|source| ActError::Write {
+            path: path.to_path_buf(),
+            value: value.to_string(),
+            source,
+        })?;
+    f.write_all(value.as_bytes())
+        .map_err(|source| ActError::Write {
+            path: path.to_path_buf(),
+            value: value.to_string(),
+            source,
+        })
+}
+
+fn os_error(e: &ActError) -> Option<i32> {
+    let ActError::Write { source, .. } = e;
+    source.raw_os_error()
+}
+
+fn not_found(e: &ActError) -> bool {
+    let ActError::Write { source, .. } = e;
+    source.kind() == io::ErrorKind::NotFound
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimOutcome {
+    Done,
+    /// -EAGAIN: the kernel reclaimed less than asked. Normal.
+    Partial,
+    /// No memory.reclaim (kernel < 5.19).
+    Unsupported,
+}
+
+/// Asks the kernel to reclaim `bytes` from the cgroup at `cg`.
+pub fn reclaim(cg: &Path, bytes: u64) -> Result<ReclaimOutcome, ActError> {
+    match write_file(&cg.join("memory.reclaim"), &bytes.to_string()) {
+        Ok(()) => Ok(ReclaimOutcome::Done),
+        Err(e) if os_error(&e) == Some(libc::EAGAIN) => Ok(ReclaimOutcome::Partial),
+        Err(e) if not_found(&e) => Ok(ReclaimOutcome::Unsupported),
+        Err(e) => Err(e),
+    }
+}
+
+/// Process syscalls used by a kill.
+pub trait ProcessOps: Send + Sync {
+    /// pidfd_open(2): pins the process so a recycled pid cannot be hit.
+    fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd>;
+    /// SIGKILL through the pidfd (pidfd_send_signal, 5.1+).
+    fn kill_pidfd(&self, fd: &OwnedFd) -> io::Result<()>;
+    /// SIGKILL by pid, when pidfds are unavailable.
+    fn kill_pid(&self, pid: i32) -> io::Result<()>;
+    /// process_mrelease(2) (5.15+): free a dying process's memory now.
+    fn mrelease(&self, fd: &OwnedFd) -> io::Result<()>;
+}
+
+/// The real syscalls, through `libc`.
+#[derive(Debug, Default)]
+pub struct Syscalls;
+
+fn check(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+impl ProcessOps for Syscalls {
+    fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd> {
+        // SAFETY: plain syscall with integer arguments; on success the
+        // return value is a new fd that we own.
+        let fd = check(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+        let fd = i32::try_from(fd).map_err(|_| io::Error::other("pidfd out of range"))?;
+        // SAFETY: fd was just returned by the kernel and is owned by no one else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn kill_pidfd(&self, fd: &OwnedFd) -> io::Result<()> {
+        // SAFETY: valid fd, null siginfo is allowed, flags 0.
+        check(unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        })
+        .map(|_| ())
+    }
+
+    fn kill_pid(&self, pid: i32) -> io::Result<()> {
+        // SAFETY: kill(2) with a positive pid has no memory-safety concerns.
+        if unsafe { libc::kill(pid, libc::SIGKILL) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn mrelease(&self, fd: &OwnedFd) -> io::Result<()> {
+        // SAFETY: valid fd, flags 0.
+        check(unsafe { libc::syscall(libc::SYS_process_mrelease, fd.as_raw_fd(), 0) }).map(|_| ())
+    }
+}
+
+/// Bound on pids handled per kill (bounded memory and time).
+pub const MAX_PIDS: usize = 4096;
+const MAX_DEPTH: usize = 4;
+
+/// All pids in the cgroup subtree at `cg`, at most `MAX_PIDS`.
+pub fn subtree_pids(cg: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    collect_pids(cg, 0, &mut out);
+    out
+}
+
+fn collect_pids(cg: &Path, depth: usize, out: &mut Vec<i32>) {
+    if depth > MAX_DEPTH || out.len() >= MAX_PIDS {
+        return;
+    }
+    let procs = cg.join("cgroup.procs");
+    match stat::read(&procs).and_then(|t| stat::parse_pids(&procs, &t, MAX_PIDS - out.len())) {
+        Ok(p) => out.extend(p),
+        Err(e) if e.is_not_found() => {}
+        Err(e) => tracing::debug!(error = %e, "cannot read pids"),
+    }
+    if let Ok(entries) = std::fs::read_dir(cg) {
+        for e in entries.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                collect_pids(&e.path(), depth + 1, out);
+            }
+        }
+    }
+}
+
+/// `populated` from `cgroup.events`; a vanished cgroup counts as empty.
+pub fn populated(cg: &Path) -> bool {
+    match stat::read_flat_keyed(&cg.join("cgroup.events")) {
+        Ok(m) => m.get("populated").copied().unwrap_or(0) != 0,
+        Err(e) if e.is_not_found() => false,
+        // Unreadable but present: assume still busy, kill-timeout bounds it.
+        Err(_) => true,
+    }
+}
+
+/// True when every process left in the pod is the sandbox (`pause`), so
+/// killing the pod would free nothing worth a kill. Vacuously true when empty.
+pub fn pause_only(pod: &Path, proc_root: &Path) -> bool {
+    subtree_pids(pod).into_iter().take(64).all(|pid| {
+        std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
+            .map(|c| c.trim() == "pause")
+            // A process we cannot inspect (just exited, or hidden) is not
+            // proof of a pause-only pod.
+            .unwrap_or(false)
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillMethod {
+    CgroupKill,
+    /// Per-pid SIGKILL, re-reading cgroup.procs `passes` times.
+    Sigkill {
+        passes: u32,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillReport {
+    pub method: KillMethod,
+    pub pids: usize,
+    pub mreleased: usize,
+    /// process_mrelease is missing (ENOSYS): do not try again.
+    pub mrelease_unsupported: bool,
+}
+
+/// Kills every process in the pod cgroup at `cg`.
+pub fn kill_pod(cg: &Path, ops: &dyn ProcessOps, mrelease: bool) -> Result<KillReport, ActError> {
+    // Pin the processes first, so mrelease after the kill hits the right ones.
+    let pids = subtree_pids(cg);
+    let fds: Vec<OwnedFd> = if mrelease {
+        pids.iter()
+            .filter_map(|&p| ops.pidfd_open(p).ok())
+            .collect()
+    } else {
+        Vec::new()
+    };
+
+    let method = match write_file(&cg.join("cgroup.kill"), "1") {
+        Ok(()) => KillMethod::CgroupKill,
+        // Missing (kernel < 5.14) or refused (threaded cgroup): do it by hand.
+        Err(e) if not_found(&e) || os_error(&e) == Some(libc::EOPNOTSUPP) => {
+            tracing::debug!(error = %e, "cgroup.kill unavailable, killing per pid");
+            sigkill_subtree(cg, ops)
+        }
+        Err(e) => return Err(e),
+    };
+
+    let mut mreleased = 0;
+    let mut unsupported = false;
+    for fd in &fds {
+        match ops.mrelease(fd) {
+            Ok(()) => mreleased += 1,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                unsupported = true;
+                break;
+            }
+            // ESRCH (already gone) or EINVAL (no mm left) are normal.
+            Err(_) => {}
+        }
+    }
+    Ok(KillReport {
+        method,
+        pids: pids.len(),
+        mreleased,
+        mrelease_unsupported: unsupported,
+    })
+}
+
+/// SIGKILL every pid, re-reading cgroup.procs until a pass finds nothing
+/// new, so children forked meanwhile are caught too.
+fn sigkill_subtree(cg: &Path, ops: &dyn ProcessOps) -> KillMethod {
+    let mut signalled = std::collections::HashSet::new();
+    let mut passes = 0;
+    while passes < 20 {
+        passes += 1;
+        let fresh: Vec<i32> = subtree_pids(cg)
+            .into_iter()
+            .filter(|p| !signalled.contains(p))
+            .collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for pid in fresh {
+            let r = match ops.pidfd_open(pid) {
+                Ok(fd) => ops.kill_pidfd(&fd),
+                Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => ops.kill_pid(pid),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
+                tracing::debug!(pid, error = %e, "sigkill failed (process likely gone)");
+            }
+            if signalled.len() < MAX_PIDS * 4 {
+                signalled.insert(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    KillMethod::Sigkill { passes }
+}
+
+#[cfg(test)]
+pub mod fake {
+    //! Records syscalls instead of making them.
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Debug, Default)]
+    pub struct FakeOps {
+        pub killed: Mutex<Vec<i32>>,
+        pub opened: Mutex<Vec<i32>>,
+        pub mreleased: Mutex<usize>,
+    }
+
+    impl ProcessOps for FakeOps {
+        fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd> {
+            self.opened.lock().unwrap().push(pid);
+            // Any real fd works as a token; /dev/null is harmless.
+            Ok(OwnedFd::from(std::fs::File::open("/dev/null")?))
+        }
+        fn kill_pidfd(&self, _fd: &OwnedFd) -> io::Result<()> {
+            let pid = *self.opened.lock().unwrap().last().unwrap_or(&0);
+            self.killed.lock().unwrap().push(pid);
+            Ok(())
+        }
+        fn kill_pid(&self, pid: i32) -> io::Result<()> {
+            self.killed.lock().unwrap().push(pid);
+            Ok(())
+        }
+        fn mrelease(&self, _fd: &OwnedFd) -> io::Result<()> {
+            *self.mreleased.lock().unwrap() += 1;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::FakeOps;
+    use super::*;
+    use std::fs;
+
+    fn pod_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        fs::create_dir_all(d.path().join("c1")).unwrap();
+        fs::write(d.path().join("cgroup.procs"), "").unwrap();
+        fs::write(d.path().join("c1/cgroup.procs"), "101\n102\n").unwrap();
+        d
+    }
+
+    #[test]
+    fn pressure_kill_uses_cgroup_kill_and_mrelease() {
+        let d = pod_dir();
+        fs::write(d.path().join("cgroup.kill"), "").unwrap();
+        let ops = FakeOps::default();
+        let r = kill_pod(d.path(), &ops, true).unwrap();
+        assert_eq!(r.method, KillMethod::CgroupKill);
+        assert_eq!((r.pids, r.mreleased), (2, 2));
+        assert_eq!(
+            fs::read_to_string(d.path().join("cgroup.kill")).unwrap(),
+            "1"
+        );
+        assert!(ops.killed.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn pressure_kill_falls_back_to_sigkill_per_pid() {
+        let d = pod_dir(); // no cgroup.kill file: an old kernel
+        let ops = FakeOps::default();
+        let r = kill_pod(d.path(), &ops, false).unwrap();
+        // The fake processes never exit, so the second pass finds nothing new.
+        assert_eq!(r.method, KillMethod::Sigkill { passes: 2 });
+        let mut k = ops.killed.lock().unwrap().clone();
+        k.sort();
+        assert_eq!(k, vec![101, 102]);
+    }
+
+    #[test]
+    fn pressure_reclaim_outcomes_and_populated() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(
+            reclaim(d.path(), 4096).unwrap(),
+            ReclaimOutcome::Unsupported
+        );
+        fs::write(d.path().join("memory.reclaim"), "").unwrap();
+        assert_eq!(reclaim(d.path(), 4096).unwrap(), ReclaimOutcome::Done);
+        assert_eq!(
+            fs::read_to_string(d.path().join("memory.reclaim")).unwrap(),
+            "4096"
+        );
+        assert!(!populated(d.path()));
+        fs::write(d.path().join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        assert!(populated(d.path()));
+    }
+
+    #[test]
+    fn pressure_pause_only_detection() {
+        let d = pod_dir();
+        let proc_root = tempfile::tempdir().unwrap();
+        for (pid, comm) in [(101, "pause\n"), (102, "java\n")] {
+            fs::create_dir_all(proc_root.path().join(pid.to_string())).unwrap();
+            fs::write(proc_root.path().join(format!("{pid}/comm")), comm).unwrap();
+        }
+        assert!(!pause_only(d.path(), proc_root.path()));
+        fs::write(d.path().join("c1/cgroup.procs"), "101\n").unwrap();
+        assert!(pause_only(d.path(), proc_root.path()));
+        // An uninspectable pid is not proof.
+        fs::write(d.path().join("c1/cgroup.procs"), "101\n999\n").unwrap();
+        assert!(!pause_only(d.path(), proc_root.path()));
+    }
+}

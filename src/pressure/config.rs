@@ -1,0 +1,335 @@
+//! `MonitorConfig`: the `[monitor]` table. Sizes and durations are strings
+//! ("100Mi", "5%", "250ms") so the file reads like kubelet flags.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::MonitorError;
+
+/// A memory threshold: absolute bytes or a percentage of capacity, like the
+/// kubelet's `memory.available<100Mi` / `<5%`. Zero disables it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Quantity {
+    Bytes(u64),
+    Percent(f64),
+}
+
+impl Quantity {
+    /// Bytes this quantity stands for on a node with `capacity` bytes.
+    pub fn resolve(&self, capacity: u64) -> u64 {
+        match *self {
+            Quantity::Bytes(b) => b,
+            // Percent is validated to 0..=100, so the product fits in u64.
+            Quantity::Percent(p) => (capacity as f64 * p / 100.0) as u64,
+        }
+    }
+}
+
+impl TryFrom<String> for Quantity {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Quantity> for String {
+    fn from(q: Quantity) -> String {
+        q.to_string()
+    }
+}
+
+impl std::str::FromStr for Quantity {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p
+                .trim()
+                .parse()
+                .map_err(|_| format!("invalid percentage {s:?}"))?;
+            if !(0.0..=100.0).contains(&v) {
+                return Err(format!("percentage {s:?} out of 0..=100"));
+            }
+            return Ok(Quantity::Percent(v));
+        }
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, suffix) = t.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("invalid size {s:?} (want e.g. 100Mi, 1G, 5%)"))?;
+        let mult: u64 = match suffix {
+            "" => 1,
+            "Ki" => 1 << 10,
+            "Mi" => 1 << 20,
+            "Gi" => 1 << 30,
+            "Ti" => 1 << 40,
+            "k" | "K" => 1_000,
+            "M" => 1_000_000,
+            "G" => 1_000_000_000,
+            "T" => 1_000_000_000_000,
+            _ => return Err(format!("unknown size suffix in {s:?}")),
+        };
+        n.checked_mul(mult)
+            .map(Quantity::Bytes)
+            .ok_or_else(|| format!("size {s:?} overflows"))
+    }
+}
+
+impl fmt::Display for Quantity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Quantity::Percent(p) => write!(f, "{p}%"),
+            Quantity::Bytes(b) => {
+                for (suffix, unit) in [
+                    ("Ti", 1u64 << 40),
+                    ("Gi", 1 << 30),
+                    ("Mi", 1 << 20),
+                    ("Ki", 1 << 10),
+                ] {
+                    if b != 0 && b % unit == 0 {
+                        return write!(f, "{}{suffix}", b / unit);
+                    }
+                }
+                write!(f, "{b}")
+            }
+        }
+    }
+}
+
+/// A duration written as "250ms", "2s" or "5m".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct HumanDuration(pub Duration);
+
+impl TryFrom<String> for HumanDuration {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<HumanDuration> for String {
+    fn from(d: HumanDuration) -> String {
+        d.to_string()
+    }
+}
+
+impl std::str::FromStr for HumanDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num
+            .parse()
+            .map_err(|_| format!("invalid duration {s:?} (want e.g. 250ms, 2s, 5m)"))?;
+        let d = match unit {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            _ => return Err(format!("unknown duration unit in {s:?}")),
+        };
+        Ok(HumanDuration(d))
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if ms % 60_000 == 0 && ms != 0 {
+            write!(f, "{}m", ms / 60_000)
+        } else if ms % 1000 == 0 {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{ms}ms")
+        }
+    }
+}
+
+fn ms(v: u64) -> HumanDuration {
+    HumanDuration(Duration::from_millis(v))
+}
+
+/// The `[monitor]` table. See `config/nri-qos.toml` for one line per key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct MonitorConfig {
+    /// Log what would be done, change nothing.
+    pub dry_run: bool,
+    /// Evict at once when memory.available drops below this.
+    pub hard_threshold: Quantity,
+    /// Reclaim below this, evict if it holds for `soft-grace-period`. 0 = off.
+    pub soft_threshold: Quantity,
+    pub soft_grace_period: HumanDuration,
+    /// Once met, a threshold stays met until available >= threshold + this.
+    pub min_reclaim: Quantity,
+    /// The pressure state ends only after no threshold was met for this long.
+    pub transition_period: HumanDuration,
+    /// No new decision this long after a kill finished.
+    pub cooldown: HumanDuration,
+    /// Give up waiting for a killed pod cgroup to empty after this.
+    pub kill_timeout: HumanDuration,
+    /// Right after a kill, poll the pod's cgroup.events every 5 ms for this
+    /// long (nothing else may run while a kill is in flight anyway).
+    pub kill_wait: HumanDuration,
+    /// Low-rate check of memory.available while calm.
+    pub check_interval: HumanDuration,
+    /// Check rate while under pressure or while a kill is in flight.
+    pub pressure_interval: HumanDuration,
+    /// PSI triggers ("some|full <stall_us> <window_us>"), one fd each.
+    pub psi_triggers: Vec<String>,
+    /// Arm the triggers on /proc/pressure/memory.
+    pub psi_node: bool,
+    /// Arm the triggers on the kubepods cgroup's memory.pressure.
+    pub psi_kubepods: bool,
+    /// kubepods cgroup relative to the cgroup root; "auto" finds kubepods.slice or kubepods.
+    pub kubepods: String,
+    /// Also apply the thresholds to kubepods memory.max − kubepods working set
+    /// (the kubelet's allocatableMemory.available).
+    pub allocatable_signal: bool,
+    /// Pods in these namespaces are never killed.
+    pub critical_namespaces: Vec<String>,
+    /// Pods with priority >= this are never killed (kubelet: 2000000000).
+    pub critical_priority: i32,
+    /// Only kill pods the plugin told us about (namespace and priority known).
+    pub require_pod_info: bool,
+    /// Write memory.reclaim on the top candidates before evicting.
+    pub reclaim: bool,
+    /// Also reclaim right before a hard-threshold kill (delays the kill).
+    pub reclaim_before_hard_kill: bool,
+    /// How many top candidates to reclaim from.
+    pub reclaim_top_n: usize,
+    /// Minimum time between two reclaim rounds.
+    pub reclaim_interval: HumanDuration,
+    /// Under soft pressure, set memory.high of BestEffort candidates to this
+    /// fraction of their usage until pressure ends. 0 = off.
+    pub besteffort_memory_high_factor: f64,
+    /// Release killed processes' memory at once with process_mrelease (5.15+).
+    pub mrelease: bool,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            dry_run: false,
+            hard_threshold: Quantity::Bytes(100 << 20),
+            soft_threshold: Quantity::Bytes(300 << 20),
+            soft_grace_period: ms(2000),
+            min_reclaim: Quantity::Bytes(64 << 20),
+            transition_period: ms(10_000),
+            cooldown: ms(1000),
+            kill_timeout: ms(5000),
+            kill_wait: ms(500),
+            check_interval: ms(5000),
+            pressure_interval: ms(100),
+            psi_triggers: vec!["full 100000 1000000".into(), "some 300000 1000000".into()],
+            psi_node: true,
+            psi_kubepods: true,
+            kubepods: "auto".into(),
+            allocatable_signal: true,
+            critical_namespaces: vec!["kube-system".into()],
+            critical_priority: 2_000_000_000,
+            require_pod_info: false,
+            reclaim: true,
+            reclaim_before_hard_kill: false,
+            reclaim_top_n: 3,
+            reclaim_interval: ms(1000),
+            besteffort_memory_high_factor: 0.0,
+            mrelease: true,
+        }
+    }
+}
+
+impl MonitorConfig {
+    /// Reads the `[monitor]` table of a TOML document; other tables are ignored
+    /// so the same file can configure the plugin.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, MonitorError> {
+        #[derive(Deserialize)]
+        struct File {
+            #[serde(default)]
+            monitor: Option<toml::Value>,
+        }
+        let bad = |e: &dyn fmt::Display| MonitorError::Config(format!("{origin}: {e}"));
+        let file: File = toml::from_str(text).map_err(|e| bad(&e))?;
+        let cfg: MonitorConfig = match file.monitor {
+            Some(v) => v.try_into().map_err(|e| bad(&e))?,
+            None => MonitorConfig::default(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Rejects values that would make the monitor misbehave.
+    pub fn validate(&self) -> Result<(), MonitorError> {
+        let err = |m: String| Err(MonitorError::Config(m));
+        for t in &self.psi_triggers {
+            if let Err(e) = t.parse::<super::psi::Trigger>() {
+                return err(format!("psi-triggers: {e}"));
+            }
+        }
+        if !(0.0..1.0).contains(&self.besteffort_memory_high_factor) {
+            return err(format!(
+                "besteffort-memory-high-factor {} must be in 0..1 (0 = off)",
+                self.besteffort_memory_high_factor
+            ));
+        }
+        if self.pressure_interval.0.is_zero() || self.check_interval.0.is_zero() {
+            return err("check-interval and pressure-interval must be > 0".into());
+        }
+        if self.kubepods.trim().is_empty() {
+            return err("kubepods must be \"auto\" or a path".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pressure_quantity_parses_kubelet_style() {
+        assert_eq!("100Mi".parse(), Ok(Quantity::Bytes(100 << 20)));
+        assert_eq!("1G".parse(), Ok(Quantity::Bytes(1_000_000_000)));
+        assert_eq!("4096".parse(), Ok(Quantity::Bytes(4096)));
+        assert_eq!("5%".parse(), Ok(Quantity::Percent(5.0)));
+        assert!("5x".parse::<Quantity>().is_err());
+        assert!("".parse::<Quantity>().is_err());
+        assert!("101%".parse::<Quantity>().is_err());
+        assert!("99999999999Ti".parse::<Quantity>().is_err());
+        assert_eq!(Quantity::Percent(10.0).resolve(1000), 100);
+        assert_eq!(Quantity::Bytes(100 << 20).to_string(), "100Mi");
+    }
+
+    #[test]
+    fn pressure_duration_round_trips() {
+        for s in ["250ms", "2s", "5m", "0s"] {
+            let d: HumanDuration = s.parse().unwrap();
+            assert_eq!(d.to_string(), s);
+        }
+        assert!("2h".parse::<HumanDuration>().is_err());
+        assert!("s".parse::<HumanDuration>().is_err());
+    }
+
+    #[test]
+    fn pressure_example_file_equals_default() {
+        let text = include_str!("../../config/nri-qos.toml");
+        let cfg = MonitorConfig::from_toml(text, "nri-qos.toml").unwrap();
+        assert_eq!(cfg, MonitorConfig::default());
+    }
+
+    #[test]
+    fn pressure_config_rejects_unknown_keys_and_bad_values() {
+        let e = MonitorConfig::from_toml("[monitor]\nhard-treshold = \"1Mi\"\n", "t").unwrap_err();
+        assert!(e.to_string().contains("hard-treshold"), "{e}");
+        assert!(
+            MonitorConfig::from_toml("[monitor]\npsi-triggers = [\"full 0 1\"]\n", "t").is_err()
+        );
+        assert!(MonitorConfig::from_toml("[monitor]\nhard-threshold = \"1Q\"\n", "t").is_err());
+        // Other tables of the shared file are not ours to judge.
+        assert!(MonitorConfig::from_toml("[policy]\nx = 1\n", "t").is_ok());
+    }
+}

@@ -1,0 +1,165 @@
+//! Node and pod memory numbers, computed the way the kubelet/cAdvisor do.
+
+use std::path::Path;
+
+use super::registry::RequestSource;
+use super::{stat, MonitorError, Paths};
+use crate::qos::QosClass;
+
+/// Node memory the kubelet way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeMemory {
+    /// MemTotal (the kubelet's machineInfo.MemoryCapacity).
+    pub capacity: u64,
+    pub working_set: u64,
+    /// capacity − working set (the kubelet's `memory.available`).
+    pub available: u64,
+    /// Which formula produced `working_set`.
+    pub source: &'static str,
+    /// kubepods memory.max − kubepods working set (the kubelet's
+    /// `allocatableMemory.available`), when kubepods has a numeric limit.
+    pub allocatable_available: Option<u64>,
+}
+
+impl NodeMemory {
+    /// The signal the thresholds apply to: the smaller of the two. The kubelet
+    /// copies the hard memory.available threshold onto allocatable too.
+    pub fn effective_available(&self) -> u64 {
+        self.allocatable_available
+            .map_or(self.available, |a| a.min(self.available))
+    }
+
+    /// Name of the signal `effective_available` came from, for logs.
+    pub fn signal(&self) -> &'static str {
+        match self.allocatable_available {
+            Some(a) if a < self.available => "allocatableMemory.available",
+            _ => "memory.available",
+        }
+    }
+}
+
+/// `measure_node` plus the allocatable signal of the kubepods cgroup.
+pub fn measure(paths: &Paths, kubepods: Option<&Path>) -> Result<NodeMemory, MonitorError> {
+    let mut n = measure_node(paths)?;
+    n.allocatable_available = kubepods.and_then(|kp| {
+        let max = stat::read_single(&kp.join("memory.max")).ok().flatten()?;
+        let ws = cgroup_working_set(kp).ok()?;
+        Some(max.saturating_sub(ws))
+    });
+    Ok(n)
+}
+
+pub const WS_ROOT_STAT: &str = "root memory.stat anon+file-inactive_file";
+pub const WS_MEMINFO: &str = "meminfo MemTotal-MemFree-Inactive(file)";
+pub const POD_USAGE_SOURCE: &str = "pod memory.current-inactive_file";
+
+/// Measures node memory. Prefers the root cgroup's memory.stat
+/// (`anon + file − inactive_file`, what cAdvisor computes on cgroup v2);
+/// falls back to /proc/meminfo (`MemTotal − MemFree − Inactive(file)`, which
+/// also counts kernel memory as used, so it errs towards acting) when the
+/// root memory.stat is missing or lacks those keys.
+pub fn measure_node(paths: &Paths) -> Result<NodeMemory, MonitorError> {
+    let mi_path = paths.meminfo();
+    let mi = stat::parse_meminfo(&mi_path, &stat::read(&mi_path)?)?;
+    let get = |k: &'static str| {
+        mi.get(k).copied().ok_or(MonitorError::Missing {
+            path: mi_path.clone(),
+            key: k,
+        })
+    };
+    let capacity = get("MemTotal")?;
+    let root_stat = stat::read_flat_keyed(&paths.cgroup_root.join("memory.stat")).ok();
+    let from_root = root_stat.as_ref().and_then(|s| {
+        let (anon, file, inactive) = (s.get("anon")?, s.get("file")?, s.get("inactive_file")?);
+        Some(stat::working_set(anon.saturating_add(*file), *inactive))
+    });
+    let (working_set, source) = match from_root {
+        Some(ws) => (ws, WS_ROOT_STAT),
+        None => {
+            let used = capacity.saturating_sub(get("MemFree")?);
+            (stat::working_set(used, get("Inactive(file)")?), WS_MEMINFO)
+        }
+    };
+    Ok(NodeMemory {
+        capacity,
+        working_set,
+        available: capacity.saturating_sub(working_set),
+        source,
+        allocatable_available: None,
+    })
+}
+
+/// Working set of one cgroup: memory.current − inactive_file.
+pub fn cgroup_working_set(cg: &Path) -> Result<u64, MonitorError> {
+    let cur_path = cg.join("memory.current");
+    let current = stat::read_single(&cur_path)?.ok_or(MonitorError::Missing {
+        path: cur_path,
+        key: "number",
+    })?;
+    let st = stat::read_flat_keyed(&cg.join("memory.stat"))?;
+    Ok(stat::working_set(
+        current,
+        st.get("inactive_file").copied().unwrap_or(0),
+    ))
+}
+
+fn read_u64_or_zero(path: &Path) -> u64 {
+    stat::read_single(path).ok().flatten().unwrap_or(0)
+}
+
+/// memory.min if set, else memory.low, of one cgroup.
+fn min_or_low(cg: &Path) -> u64 {
+    let min = read_u64_or_zero(&cg.join("memory.min"));
+    if min > 0 {
+        min
+    } else {
+        read_u64_or_zero(&cg.join("memory.low"))
+    }
+}
+
+/// Memory request of a pod without plugin metadata, from what the kubelet
+/// wrote into cgroupfs.
+pub fn derive_request(pod: &Path, class: QosClass) -> (u64, RequestSource) {
+    if class == QosClass::BestEffort {
+        return (0, RequestSource::BestEffort);
+    }
+    let children: u64 = std::fs::read_dir(pod)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| min_or_low(&e.path()))
+        .fold(0u64, |a, b| a.saturating_add(b));
+    if children > 0 {
+        return (children, RequestSource::CgroupChildrenMinLow);
+    }
+    let own = min_or_low(pod);
+    if own > 0 {
+        return (own, RequestSource::CgroupPodMinLow);
+    }
+    if class == QosClass::Guaranteed {
+        if let Ok(Some(max)) = stat::read_single(&pod.join("memory.max")) {
+            return (max, RequestSource::CgroupPodMax);
+        }
+    }
+    (0, RequestSource::Unknown)
+}
+
+/// `max` events of the pod cgroup and its direct children (containers hit
+/// their own memory.max there), from memory.events.local.
+pub(crate) fn limit_hits(pod: &Path) -> u64 {
+    let one = |cg: &Path| {
+        stat::read_flat_keyed(&cg.join("memory.events.local"))
+            .ok()
+            .and_then(|m| m.get("max").copied())
+            .unwrap_or(0)
+    };
+    let children: u64 = std::fs::read_dir(pod)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| one(&e.path()))
+        .fold(0u64, |a, b| a.saturating_add(b));
+    one(pod).saturating_add(children)
+}

@@ -1,0 +1,320 @@
+//! PSI: parse `memory.pressure` / `/proc/pressure/memory`, and arm triggers
+//! (`some|full <stall_us> <window_us>` written to an fd that is then polled
+//! for POLLPRI; one open fd per trigger, closing it removes the trigger).
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::mpsc;
+
+use super::stat::ReadError;
+use super::Wake;
+
+/// One line of a PSI file; averages are percentages, total is µs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PsiLine {
+    pub avg10: f64,
+    pub avg60: f64,
+    pub avg300: f64,
+    pub total_us: u64,
+}
+
+/// A PSI file. `full` is absent on old kernels' CPU files; for memory it is
+/// always there, but we do not insist.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Psi {
+    pub some: PsiLine,
+    pub full: Option<PsiLine>,
+}
+
+pub fn parse(path: &Path, text: &str) -> Result<Psi, ReadError> {
+    let bad = |line: usize, msg: String| ReadError::Parse {
+        path: path.to_path_buf(),
+        line,
+        msg,
+    };
+    let mut some = None;
+    let mut full = None;
+    for (i, line) in text.lines().enumerate() {
+        let mut it = line.split_whitespace();
+        let Some(kind) = it.next() else { continue };
+        let mut l = PsiLine::default();
+        let mut seen = 0;
+        for kv in it {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| bad(i + 1, format!("want key=value, got {kv:?}")))?;
+            let num_err = || bad(i + 1, format!("{k} is not a number: {v:?}"));
+            match k {
+                "avg10" => l.avg10 = v.parse().map_err(|_| num_err())?,
+                "avg60" => l.avg60 = v.parse().map_err(|_| num_err())?,
+                "avg300" => l.avg300 = v.parse().map_err(|_| num_err())?,
+                "total" => l.total_us = v.parse().map_err(|_| num_err())?,
+                _ => continue, // newer kernels may add keys
+            }
+            seen += 1;
+        }
+        if seen < 4 {
+            return Err(bad(
+                i + 1,
+                format!("missing avg10/avg60/avg300/total in {line:?}"),
+            ));
+        }
+        match kind {
+            "some" => some = Some(l),
+            "full" => full = Some(l),
+            other => return Err(bad(i + 1, format!("unknown line kind {other:?}"))),
+        }
+    }
+    let some = some.ok_or_else(|| bad(1, "no `some` line".into()))?;
+    Ok(Psi { some, full })
+}
+
+pub fn read(path: &Path) -> Result<Psi, ReadError> {
+    parse(path, &super::stat::read(path)?)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallKind {
+    Some,
+    Full,
+}
+
+/// A PSI trigger as written to the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Trigger {
+    pub kind: StallKind,
+    pub stall_us: u64,
+    pub window_us: u64,
+}
+
+impl std::str::FromStr for Trigger {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split_whitespace().collect();
+        let [kind, stall, window] = parts[..] else {
+            return Err(format!(
+                "trigger {s:?}: want \"some|full <stall_us> <window_us>\""
+            ));
+        };
+        let kind = match kind {
+            "some" => StallKind::Some,
+            "full" => StallKind::Full,
+            _ => return Err(format!("trigger {s:?}: kind must be some or full")),
+        };
+        let num = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("trigger {s:?}: {v:?} is not a number"))
+        };
+        let (stall_us, window_us) = (num(stall)?, num(window)?);
+        // The kernel's own limits (psi_trigger_create): 0 < window <= 10 s,
+        // 0 < stall <= window.
+        if window_us == 0 || window_us > 10_000_000 {
+            return Err(format!("trigger {s:?}: window must be in 1..=10000000 us"));
+        }
+        if stall_us == 0 || stall_us > window_us {
+            return Err(format!("trigger {s:?}: stall must be in 1..=window"));
+        }
+        Ok(Trigger {
+            kind,
+            stall_us,
+            window_us,
+        })
+    }
+}
+
+impl fmt::Display for Trigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            StallKind::Some => "some",
+            StallKind::Full => "full",
+        };
+        write!(f, "{kind} {} {}", self.stall_us, self.window_us)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArmError {
+    #[error("open {path} for trigger {trigger}: {source}")]
+    Open {
+        path: PathBuf,
+        trigger: String,
+        source: io::Error,
+    },
+    #[error("write trigger {trigger} to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        trigger: String,
+        source: io::Error,
+    },
+}
+
+/// True when `path` lives on procfs or cgroup2, i.e. writing a trigger
+/// there arms the kernel. A fake tree's plain file is left alone.
+pub fn is_kernel_psi_file(path: &Path) -> bool {
+    use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC, PROC_SUPER_MAGIC};
+    statfs(path).is_ok_and(|s| {
+        let t = s.filesystem_type();
+        t == PROC_SUPER_MAGIC || t == CGROUP2_SUPER_MAGIC
+    })
+}
+
+/// Opens `path` and writes the trigger. The returned file must stay open
+/// for as long as the trigger should exist.
+pub fn arm(path: &Path, trigger: &Trigger) -> Result<File, ArmError> {
+    let t = trigger.to_string();
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| ArmError::Open {
+            path: path.to_path_buf(),
+            trigger: t.clone(),
+            source,
+        })?;
+    // The kernel overwrites the last byte of the write with NUL, so the
+    // terminator must be part of the single write (psi.rst's example does
+    // strlen + 1).
+    let mut buf = t.clone().into_bytes();
+    buf.push(0);
+    match f.write(&buf) {
+        Ok(n) if n == buf.len() => Ok(f),
+        Ok(n) => Err(ArmError::Write {
+            path: path.to_path_buf(),
+            trigger: t,
+            source: io::Error::other(format!("short write {n}/{}", buf.len())),
+        }),
+        Err(source) => Err(ArmError::Write {
+            path: path.to_path_buf(),
+            trigger: t,
+            source,
+        }),
+    }
+}
+
+/// Watches an armed trigger fd and sends `Wake::Psi` on every POLLPRI.
+/// Returns `Err` when the fd cannot be polled (e.g. a regular file in a fake
+/// tree); the caller then relies on the periodic check.
+pub fn watch(
+    label: String,
+    file: File,
+    tx: mpsc::Sender<Wake>,
+) -> io::Result<tokio::task::JoinHandle<()>> {
+    // SAFETY: the File owns its fd and moves into the AsyncFd, so the fd
+    // stays open and unchanged for the AsyncFd's whole life.
+    let afd = unsafe { AsyncFd::register_with_interest(file, Interest::PRIORITY) }?;
+    Ok(tokio::spawn(async move {
+        loop {
+            let mut guard = match afd.ready(Interest::PRIORITY).await {
+                Ok(g) => g,
+                Err(e) => {
+                    tracing::warn!(trigger = %label, error = %e, "psi trigger poll failed");
+                    let _ = tx.try_send(Wake::PsiLost { source: label });
+                    return;
+                }
+            };
+            if guard.ready().is_error() {
+                // POLLERR: the source is gone (cgroup removed).
+                let _ = tx.try_send(Wake::PsiLost { source: label });
+                return;
+            }
+            guard.clear_ready();
+            // A full channel already holds a wake-up; dropping this one is fine.
+            match tx.try_send(Wake::Psi {
+                source: label.clone(),
+            }) {
+                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                Err(mpsc::error::TrySendError::Closed(_)) => return,
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "some avg10=1.50 avg60=0.20 avg300=0.00 total=12345\n\
+                          full avg10=0.75 avg60=0.10 avg300=0.00 total=678\n";
+
+    #[test]
+    fn pressure_psi_parses_some_and_full() {
+        let p = parse(Path::new("/proc/pressure/memory"), SAMPLE).unwrap();
+        assert_eq!(p.some.avg10, 1.5);
+        assert_eq!(p.some.total_us, 12345);
+        assert_eq!(p.full.unwrap().avg10, 0.75);
+    }
+
+    #[test]
+    fn pressure_psi_rejects_junk_with_path_and_line() {
+        let path = Path::new("/x/memory.pressure");
+        for junk in [
+            "",
+            "some avg10=x avg60=0 avg300=0 total=1",
+            "some avg10=0 avg60=0 avg300=0",
+            "some avg10=0 avg60=0 avg300=0 total=1\nhalf avg10=0 avg60=0 avg300=0 total=1",
+            "some avg10",
+        ] {
+            let e = parse(path, junk).unwrap_err().to_string();
+            assert!(
+                e.contains("/x/memory.pressure") && e.contains("line"),
+                "{junk:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn pressure_trigger_parse_and_kernel_limits() {
+        let t: Trigger = "full 100000 1000000".parse().unwrap();
+        assert_eq!(t.kind, StallKind::Full);
+        assert_eq!(t.to_string(), "full 100000 1000000");
+        for bad in [
+            "full 0 1000000",
+            "some 2 1",
+            "some 1 10000001",
+            "half 1 2",
+            "some 1",
+            "some a b",
+        ] {
+            assert!(bad.parse::<Trigger>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pressure_arm_writes_nul_terminated_trigger() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.pressure");
+        std::fs::write(&path, "").unwrap();
+        let _f = arm(&path, &"some 300000 1000000".parse().unwrap()).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"some 300000 1000000\0");
+        assert!(arm(&dir.path().join("missing"), &"some 1 2".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn pressure_fake_psi_file_is_not_a_kernel_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.pressure");
+        std::fs::write(&path, "").unwrap();
+        assert!(!is_kernel_psi_file(&path));
+        assert!(!is_kernel_psi_file(&dir.path().join("missing")));
+        // statfs only (no write): procfs is recognised.
+        assert!(is_kernel_psi_file(Path::new("/proc/self/status")));
+    }
+
+    #[tokio::test]
+    async fn pressure_watch_on_regular_file_is_refused() {
+        // Fake trees hold plain files, which epoll refuses: the monitor must
+        // notice and fall back to its periodic check.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.pressure");
+        std::fs::write(&path, "").unwrap();
+        let (tx, _rx) = mpsc::channel(1);
+        assert!(watch("t".into(), File::open(&path).unwrap(), tx).is_err());
+    }
+}

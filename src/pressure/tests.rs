@@ -1,0 +1,658 @@
+//! Monitor tests on fake cgroup/proc trees with injected wake-ups and a
+//! fake clock. Nothing here touches the real /sys/fs/cgroup or /proc.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::act::fake::FakeOps;
+use super::decide::{Hold, Plan};
+use super::*;
+
+const MI: u64 = 1 << 20;
+const GI: u64 = 1 << 30;
+const TOTAL: u64 = 16 * GI;
+
+struct Fake {
+    _dir: tempfile::TempDir,
+    paths: Paths,
+    kp: PathBuf,
+    driver: Driver,
+    next_pid: std::cell::Cell<i32>,
+}
+
+fn w(path: &Path, text: &str) {
+    if let Some(p) = path.parent() {
+        fs::create_dir_all(p).unwrap();
+    }
+    fs::write(path, text).unwrap();
+}
+
+impl Fake {
+    fn new(driver: Driver) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = Paths {
+            cgroup_root: dir.path().join("cgroup"),
+            proc_root: dir.path().join("proc"),
+        };
+        let kp = paths.cgroup_root.join(match driver {
+            Driver::Systemd => "kubepods.slice",
+            Driver::Cgroupfs => "kubepods",
+        });
+        fs::create_dir_all(&kp).unwrap();
+        let f = Fake {
+            _dir: dir,
+            paths,
+            kp,
+            driver,
+            next_pid: std::cell::Cell::new(1000),
+        };
+        f.node_ws(4 * GI);
+        f.psi(&f.paths.node_psi(), 0.0, 0.0);
+        f.psi(&f.kp.join("memory.pressure"), 0.0, 0.0);
+        f
+    }
+
+    /// Node working set via the root memory.stat (anon only, no cache).
+    fn node_ws(&self, ws: u64) {
+        let free = TOTAL - ws;
+        w(
+            &self.paths.meminfo(),
+            &format!(
+                "MemTotal: {} kB\nMemFree: {} kB\nMemAvailable: {} kB\nInactive(file): 0 kB\n",
+                TOTAL / 1024,
+                free / 1024,
+                free / 1024
+            ),
+        );
+        w(
+            &self.paths.cgroup_root.join("memory.stat"),
+            &format!("anon {ws}\nfile 0\ninactive_file 0\n"),
+        );
+    }
+
+    fn psi(&self, path: &Path, some10: f64, full10: f64) {
+        w(
+            path,
+            &format!(
+                "some avg10={some10:.2} avg60=0.00 avg300=0.00 total=1\nfull avg10={full10:.2} avg60=0.00 avg300=0.00 total=1\n"
+            ),
+        );
+    }
+
+    fn pod_path(&self, uid: &str, class: QosClass) -> PathBuf {
+        let u = uid.replace('-', "_");
+        match (self.driver, class) {
+            (Driver::Cgroupfs, QosClass::Guaranteed) => self.kp.join(format!("pod{uid}")),
+            (Driver::Cgroupfs, QosClass::Burstable) => self.kp.join(format!("burstable/pod{uid}")),
+            (Driver::Cgroupfs, QosClass::BestEffort) => {
+                self.kp.join(format!("besteffort/pod{uid}"))
+            }
+            (Driver::Systemd, QosClass::Guaranteed) => {
+                self.kp.join(format!("kubepods-pod{u}.slice"))
+            }
+            (Driver::Systemd, QosClass::Burstable) => self.kp.join(format!(
+                "kubepods-burstable.slice/kubepods-burstable-pod{u}.slice"
+            )),
+            (Driver::Systemd, QosClass::BestEffort) => self.kp.join(format!(
+                "kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice"
+            )),
+        }
+    }
+
+    /// A pod with a pause container and one app container whose memory.min
+    /// carries the request (MemoryQoS); working set `ws` plus 10Mi of
+    /// inactive file cache that must not count.
+    fn pod(&self, uid: &str, class: QosClass, ws: u64, request: u64, app_comm: &str) -> PathBuf {
+        let p = self.pod_path(uid, class);
+        let cache = 10 * MI;
+        w(&p.join("memory.current"), &format!("{}\n", ws + cache));
+        w(
+            &p.join("memory.stat"),
+            &format!("anon {ws}\nfile {cache}\ninactive_file {cache}\n"),
+        );
+        w(
+            &p.join("memory.max"),
+            &if class == QosClass::Guaranteed {
+                request.to_string()
+            } else {
+                "max".into()
+            },
+        );
+        w(&p.join("memory.min"), "0\n");
+        w(&p.join("memory.high"), "max\n");
+        w(
+            &p.join("memory.events.local"),
+            "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
+        );
+        w(&p.join("cgroup.events"), "populated 1\nfrozen 0\n");
+        w(&p.join("cgroup.kill"), "");
+        w(&p.join("memory.reclaim"), "");
+        w(&p.join("cgroup.procs"), "");
+        for (ctr, comm, min) in [("pause", "pause", 0), ("app", app_comm, request)] {
+            let pid = self.next_pid.get();
+            self.next_pid.set(pid + 1);
+            let c = p.join(ctr);
+            w(&c.join("cgroup.procs"), &format!("{pid}\n"));
+            w(&c.join("memory.min"), &format!("{min}\n"));
+            w(
+                &c.join("memory.events.local"),
+                "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
+            );
+            w(
+                &self.paths.proc_root.join(format!("{pid}/comm")),
+                &format!("{comm}\n"),
+            );
+        }
+        p
+    }
+
+    fn gone(&self, pod: &Path) {
+        fs::remove_dir_all(pod).unwrap();
+    }
+}
+
+fn info(uid: &str, ns: &str, prio: Option<i32>) -> PodInfo {
+    PodInfo {
+        uid: uid.into(),
+        namespace: ns.into(),
+        name: format!("{uid}-name"),
+        priority: prio,
+        memory_request: None,
+        request_source: RequestSource::Unknown,
+        class: None,
+    }
+}
+
+fn monitor(f: &Fake, cfg: MonitorConfig, reg: SharedRegistry) -> (Monitor, Arc<FakeOps>) {
+    let ops = Arc::new(FakeOps::default());
+    // Fake pods never die by themselves; do not spin on them.
+    let cfg = MonitorConfig {
+        kill_wait: "0s".parse().unwrap(),
+        ..cfg
+    };
+    (
+        Monitor::new(cfg, f.paths.clone(), Arc::new(reg), ops.clone()),
+        ops,
+    )
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+fn psi_wake() -> Wake {
+    Wake::Psi {
+        source: "kubepods:full 100000 1000000".into(),
+    }
+}
+
+fn killed(p: &Path) -> bool {
+    fs::read_to_string(p.join("cgroup.kill")).unwrap_or_default() == "1"
+}
+
+/// One pod thrashing against its own memory.max drives kubepods PSI way up
+/// while the node has 12Gi free: nothing may be reclaimed or killed.
+#[test]
+fn pressure_single_pod_at_own_limit_evicts_nothing() {
+    let f = Fake::new(Driver::Systemd);
+    let hog = f.pod("hog-1", QosClass::Burstable, 512 * MI, 128 * MI, "hog");
+    let other = f.pod("be-1", QosClass::BestEffort, 300 * MI, 0, "web");
+    f.psi(&f.kp.join("memory.pressure"), 85.0, 70.0);
+    f.psi(&f.paths.node_psi(), 40.0, 30.0);
+    let (mut m, ops) = monitor(&f, MonitorConfig::default(), SharedRegistry::default());
+
+    let r = m.step(&psi_wake(), ms(0));
+    assert_eq!(r.verdict.unwrap().plan, Plan::Calm);
+    w(
+        &hog.join("app/memory.events.local"),
+        "low 0\nhigh 0\nmax 57\noom 0\noom_kill 0\n",
+    );
+    let r = m.step(&psi_wake(), ms(100));
+    assert_eq!(r.limit_bound, vec!["hog-1(+57)".to_string()]);
+    // Keep waking it for 20 s worth of trigger windows.
+    for i in 2..200 {
+        let r = m.step(&psi_wake(), ms(i * 100));
+        assert_eq!(r.verdict.unwrap().plan, Plan::Calm);
+        assert!(r.killed.is_none() && r.would_kill.is_none() && r.reclaimed.is_empty());
+    }
+    assert!(!killed(&hog) && !killed(&other));
+    assert_eq!(fs::read_to_string(hog.join("memory.reclaim")).unwrap(), "");
+    assert!(ops.killed.lock().unwrap().is_empty());
+    // Fast checks for one trigger window after a PSI wake, then the slow tick.
+    assert_eq!(m.step(&psi_wake(), ms(20_000)).next_check, ms(100));
+    assert_eq!(
+        r_next(&mut m, ms(30_000)),
+        MonitorConfig::default().check_interval.0
+    );
+}
+
+fn r_next(m: &mut Monitor, now: Duration) -> Duration {
+    m.step(&Wake::Tick, now).next_check
+}
+
+fn pressure_tree(driver: Driver) -> (Fake, SharedRegistry, [PathBuf; 6]) {
+    let f = Fake::new(driver);
+    let g = f.pod("g-1", QosClass::Guaranteed, GI, GI, "db");
+    let b_under = f.pod("b-under", QosClass::Burstable, 100 * MI, 200 * MI, "api");
+    let b_over = f.pod("b-over", QosClass::Burstable, 900 * MI, 200 * MI, "batch");
+    let be = f.pod("be-1", QosClass::BestEffort, 300 * MI, 0, "web");
+    let sys = f.pod("sys-1", QosClass::BestEffort, 2 * GI, 0, "coredns");
+    let crit = f.pod("crit-1", QosClass::BestEffort, 3 * GI, 0, "agent");
+    let reg = SharedRegistry::default();
+    reg.upsert(info("sys-1", "kube-system", None));
+    reg.upsert(info("crit-1", "monitoring", Some(2_000_001_000)));
+    reg.upsert(info("b-over", "default", Some(0)));
+    // 50Mi left: below the 100Mi hard threshold.
+    f.node_ws(TOTAL - 50 * MI);
+    f.psi(&f.paths.node_psi(), 30.0, 12.0);
+    (f, reg, [g, b_under, b_over, be, sys, crit])
+}
+
+#[test]
+fn pressure_hard_kills_one_pod_in_kubelet_order_then_waits() {
+    let (f, reg, [g, b_under, b_over, be, sys, crit]) = pressure_tree(Driver::Cgroupfs);
+    let (mut m, ops) = monitor(&f, MonitorConfig::default(), reg);
+
+    let r = m.step(&psi_wake(), ms(0));
+    assert_eq!(r.killed.as_deref(), Some("b-over"));
+    assert!(killed(&b_over));
+    // mrelease on both pinned pids (pause + app) of the victim.
+    assert_eq!(*ops.mreleased.lock().unwrap(), 2);
+    // Past the hard threshold the kill is not delayed by a reclaim.
+    assert!(r.reclaimed.is_empty());
+    assert_eq!(fs::read_to_string(be.join("memory.reclaim")).unwrap(), "");
+
+    // At most one kill in flight: still populated, so hold.
+    for t in [100, 200, 300] {
+        let r = m.step(&Wake::Tick, ms(t));
+        assert_eq!(r.verdict.unwrap().plan, Plan::Hold(Hold::KillInFlight));
+        assert!(r.killed.is_none());
+        assert_eq!(r.next_check, ms(100));
+    }
+    // The victim's cgroup empties; cooldown starts.
+    f.gone(&b_over);
+    let r = m.step(&Wake::Tick, ms(400));
+    assert_eq!(
+        r.verdict.unwrap().plan,
+        Plan::Hold(Hold::Cooldown {
+            remaining: ms(1000)
+        })
+    );
+    // Still short of memory after the cooldown: next victim in order.
+    let r = m.step(&Wake::Tick, ms(1400));
+    assert_eq!(r.killed.as_deref(), Some("be-1"));
+    f.gone(&be);
+    m.step(&Wake::Tick, ms(1500));
+    let r = m.step(&Wake::Tick, ms(2500));
+    assert_eq!(r.killed.as_deref(), Some("b-under"));
+    f.gone(&b_under);
+    m.step(&Wake::Tick, ms(2600));
+    // Guaranteed only once nothing else is left; never the critical pods.
+    let r = m.step(&Wake::Tick, ms(3600));
+    assert_eq!(r.killed.as_deref(), Some("g-1"));
+    f.gone(&g);
+    m.step(&Wake::Tick, ms(3700));
+    let r = m.step(&Wake::Tick, ms(4700));
+    assert!(r.killed.is_none());
+    assert!(!killed(&sys) && !killed(&crit));
+}
+
+#[test]
+fn pressure_stops_once_threshold_plus_min_reclaim_is_clear() {
+    let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Systemd);
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    assert_eq!(m.step(&Wake::Tick, ms(0)).killed.as_deref(), Some("b-over"));
+    f.gone(&b_over);
+    // 150Mi available: above 100Mi, below 100Mi + 64Mi min-reclaim.
+    f.node_ws(TOTAL - 150 * MI);
+    m.step(&Wake::Tick, ms(100));
+    assert_eq!(
+        m.step(&Wake::Tick, ms(1100)).killed.as_deref(),
+        Some("be-1")
+    );
+    f.gone(&be);
+    // 400Mi available: clear of hard + min-reclaim (164Mi) and of soft +
+    // min-reclaim (364Mi): evictions stop, the pressure condition stays for
+    // the transition period.
+    f.node_ws(TOTAL - 400 * MI);
+    m.step(&Wake::Tick, ms(1200));
+    let r = m.step(&Wake::Tick, ms(2200));
+    assert!(r.killed.is_none());
+    let v = r.verdict.unwrap();
+    assert_eq!(v.plan, Plan::Calm);
+    assert!(v.pressure);
+    assert_eq!(r.next_check, ms(100));
+}
+
+#[test]
+fn pressure_dry_run_writes_nothing() {
+    let (f, reg, paths) = pressure_tree(Driver::Systemd);
+    let cfg = MonitorConfig {
+        dry_run: true,
+        besteffort_memory_high_factor: 0.5,
+        ..MonitorConfig::default()
+    };
+    let (mut m, ops) = monitor(&f, cfg, reg);
+    let r = m.step(&psi_wake(), ms(0));
+    assert_eq!(r.would_kill.as_deref(), Some("b-over"));
+    assert!(r.killed.is_none());
+    // Logs once per cooldown, not on every tick.
+    assert!(m.step(&Wake::Tick, ms(100)).would_kill.is_none());
+    assert_eq!(
+        m.step(&Wake::Tick, ms(1000)).would_kill.as_deref(),
+        Some("b-over")
+    );
+    // Soft band on a fresh monitor: would reclaim and lower memory.high.
+    let cfg = MonitorConfig {
+        dry_run: true,
+        besteffort_memory_high_factor: 0.5,
+        ..MonitorConfig::default()
+    };
+    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    f.node_ws(TOTAL - 250 * MI);
+    let r = m.step(&Wake::Tick, ms(0));
+    assert!(matches!(r.verdict.unwrap().plan, Plan::Reclaim { .. }));
+    assert!(!r.reclaimed.is_empty());
+    for p in &paths {
+        assert!(!killed(p));
+        assert_eq!(fs::read_to_string(p.join("memory.reclaim")).unwrap(), "");
+        assert_eq!(fs::read_to_string(p.join("memory.high")).unwrap(), "max\n");
+    }
+    assert!(ops.opened.lock().unwrap().is_empty());
+}
+
+#[test]
+fn pressure_soft_reclaims_lowers_besteffort_high_then_restores() {
+    let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Cgroupfs);
+    let cfg = MonitorConfig {
+        besteffort_memory_high_factor: 0.5,
+        ..MonitorConfig::default()
+    };
+    let (mut m, _) = monitor(&f, cfg, reg);
+    f.node_ws(TOTAL - 250 * MI);
+    let r = m.step(&Wake::Tick, ms(0));
+    assert_eq!(r.verdict.unwrap().plan, Plan::Reclaim { deficit: 114 * MI });
+    assert_eq!(r.reclaimed, vec!["b-over", "be-1", "b-under"]);
+    assert_eq!(
+        fs::read_to_string(b_over.join("memory.reclaim")).unwrap(),
+        (38 * MI).to_string()
+    );
+    assert_eq!(
+        fs::read_to_string(be.join("memory.high")).unwrap(),
+        (150 * MI).to_string()
+    );
+    // Pressure clears; after the transition period memory.high comes back.
+    f.node_ws(4 * GI);
+    m.step(&Wake::Tick, ms(500));
+    assert_eq!(
+        fs::read_to_string(be.join("memory.high")).unwrap(),
+        (150 * MI).to_string()
+    );
+    m.step(&Wake::Tick, ms(10_500));
+    assert_eq!(fs::read_to_string(be.join("memory.high")).unwrap(), "max");
+    assert_eq!(
+        fs::read_to_string(be.join("memory.reclaim")).unwrap(),
+        (38 * MI).to_string()
+    );
+}
+
+#[test]
+fn pressure_hard_kill_reclaims_first_when_configured() {
+    let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Cgroupfs);
+    let cfg = MonitorConfig {
+        reclaim_before_hard_kill: true,
+        ..MonitorConfig::default()
+    };
+    let (mut m, _) = monitor(&f, cfg, reg);
+    let r = m.step(&Wake::Tick, ms(0));
+    // Reclaim went first, to the top three, then the recheck still failed.
+    assert_eq!(r.reclaimed, vec!["b-over", "be-1", "b-under"]);
+    assert_eq!(
+        fs::read_to_string(be.join("memory.reclaim")).unwrap(),
+        (38 * MI).to_string()
+    );
+    assert_eq!(r.killed.as_deref(), Some("b-over"));
+    assert!(killed(&b_over));
+}
+
+#[test]
+fn pressure_kill_wait_sees_the_cgroup_empty() {
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Systemd);
+    let ops = Arc::new(FakeOps::default());
+    let mut m = Monitor::new(
+        MonitorConfig::default(),
+        f.paths.clone(),
+        Arc::new(reg),
+        ops,
+    );
+    // The "kernel" empties the cgroup 30 ms after cgroup.kill is written.
+    let events = b_over.join("cgroup.events");
+    let watcher = std::thread::spawn(move || {
+        let kill = events.with_file_name("cgroup.kill");
+        while fs::read_to_string(&kill).unwrap_or_default() != "1" {
+            std::thread::sleep(ms(1));
+        }
+        std::thread::sleep(ms(30));
+        fs::write(&events, "populated 0\nfrozen 0\n").unwrap();
+    });
+    let r = m.step(&Wake::Tick, ms(0));
+    watcher.join().unwrap();
+    assert_eq!(r.killed.as_deref(), Some("b-over"));
+    let took = r.emptied_after.expect("emptied within kill-wait");
+    assert!(took >= ms(30) && took < ms(500), "{took:?}");
+    // Not in flight any more: only the cooldown holds the next decision.
+    assert!(matches!(
+        m.step(&Wake::Tick, ms(100)).verdict.unwrap().plan,
+        Plan::Hold(Hold::Cooldown { .. })
+    ));
+}
+
+#[test]
+fn pressure_soft_evicts_after_grace() {
+    let (f, reg, _) = pressure_tree(Driver::Systemd);
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    f.node_ws(TOTAL - 250 * MI);
+    for t in (0..2000).step_by(100) {
+        assert!(m.step(&Wake::Tick, ms(t)).killed.is_none());
+    }
+    assert_eq!(
+        m.step(&Wake::Tick, ms(2000)).killed.as_deref(),
+        Some("b-over")
+    );
+}
+
+#[test]
+fn pressure_pause_only_pod_is_never_a_victim() {
+    let f = Fake::new(Driver::Cgroupfs);
+    let p = f.pod("empty", QosClass::BestEffort, 50 * MI, 0, "pause");
+    f.node_ws(TOTAL - 50 * MI);
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), SharedRegistry::default());
+    let r = m.step(&Wake::Tick, ms(0));
+    assert!(r.killed.is_none());
+    assert!(!killed(&p));
+}
+
+#[test]
+fn pressure_node_and_pod_numbers_and_sources() {
+    let f = Fake::new(Driver::Systemd);
+    let b = f.pod("b-1", QosClass::Burstable, 100 * MI, 64 * MI, "x");
+    let g = f.pod("g-1", QosClass::Guaranteed, 100 * MI, 256 * MI, "y");
+    let n = measure_node(&f.paths).unwrap();
+    assert_eq!((n.available, n.source), (12 * GI, WS_ROOT_STAT));
+    // Without the root memory.stat: MemTotal − MemFree − Inactive(file).
+    fs::remove_file(f.paths.cgroup_root.join("memory.stat")).unwrap();
+    let n = measure_node(&f.paths).unwrap();
+    assert_eq!((n.available, n.source), (12 * GI, WS_MEMINFO));
+    assert_eq!(cgroup_working_set(&b).unwrap(), 100 * MI);
+    assert_eq!(
+        derive_request(&b, QosClass::Burstable),
+        (64 * MI, RequestSource::CgroupChildrenMinLow)
+    );
+    w(&g.join("app/memory.min"), "0\n");
+    assert_eq!(
+        derive_request(&g, QosClass::Guaranteed),
+        (256 * MI, RequestSource::CgroupPodMax)
+    );
+    w(&b.join("app/memory.min"), "0\n");
+    assert_eq!(
+        derive_request(&b, QosClass::Burstable),
+        (0, RequestSource::Unknown)
+    );
+    w(&b.join("memory.low"), "4096\n");
+    assert_eq!(
+        derive_request(&b, QosClass::Burstable),
+        (4096, RequestSource::CgroupPodMinLow)
+    );
+    // Junk in meminfo is an error naming the file, not a panic.
+    w(&f.paths.meminfo(), "MemTotal: lots kB\n");
+    let e = measure_node(&f.paths).unwrap_err().to_string();
+    assert!(e.contains("meminfo") && e.contains("line 1"), "{e}");
+}
+
+#[test]
+fn pressure_registry_overrides_path_class_and_request() {
+    let f = Fake::new(Driver::Systemd);
+    f.pod("b-1", QosClass::Burstable, 100 * MI, 64 * MI, "x");
+    let reg = SharedRegistry::default();
+    reg.upsert(PodInfo {
+        memory_request: Some(GI),
+        request_source: RequestSource::PodSpec,
+        priority: Some(7),
+        ..info("b-1", "team", None)
+    });
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    let (_, cands, ranking) = m.snapshot().unwrap();
+    assert_eq!(ranking.order.len(), 1);
+    let c = &cands[0];
+    assert_eq!(
+        (c.request, c.request_source, c.priority),
+        (GI, RequestSource::PodSpec, Some(7))
+    );
+    assert_eq!(
+        (c.class, c.class_source),
+        (QosClass::Burstable, "cgroup-path")
+    );
+}
+
+#[tokio::test]
+async fn pressure_drive_reacts_to_injected_wake() {
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Systemd);
+    let (m, _) = monitor(&f, MonitorConfig::default(), reg);
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(psi_wake()).await.unwrap();
+    drop(tx);
+    drive_with(m, rx, Arc::new(SystemClock::default()))
+        .await
+        .unwrap();
+    assert!(killed(&b_over));
+}
+
+#[test]
+fn pressure_emptied_pod_is_not_killed_again() {
+    // After cgroup.kill the pod cgroup stays (the kubelet removes it later)
+    // and may still be charged for page cache: it must not be picked again.
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Systemd);
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    assert_eq!(m.step(&Wake::Tick, ms(0)).killed.as_deref(), Some("b-over"));
+    for c in ["pause", "app"] {
+        w(&b_over.join(c).join("cgroup.procs"), "");
+    }
+    w(&b_over.join("cgroup.events"), "populated 0\nfrozen 0\n");
+    m.step(&Wake::Tick, ms(100));
+    assert_eq!(
+        m.step(&Wake::Tick, ms(1100)).killed.as_deref(),
+        Some("be-1")
+    );
+}
+
+/// Decision latency on a 100-pod fake tree (dry-run, so every step ranks
+/// and "kills"). `cargo test --release --lib pressure_step_latency -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn pressure_step_latency() {
+    let f = Fake::new(Driver::Systemd);
+    for i in 0..100 {
+        let class = [
+            QosClass::Guaranteed,
+            QosClass::Burstable,
+            QosClass::BestEffort,
+        ][i % 3];
+        f.pod(
+            &format!("p-{i:03}"),
+            class,
+            (50 + i as u64) * MI,
+            64 * MI,
+            "app",
+        );
+    }
+    f.node_ws(TOTAL - 50 * MI);
+    let cfg = MonitorConfig {
+        dry_run: true,
+        cooldown: "0s".parse().unwrap(),
+        ..MonitorConfig::default()
+    };
+    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    let mut us: Vec<u128> = Vec::new();
+    for i in 0..300 {
+        let t = std::time::Instant::now();
+        let r = m.step(&psi_wake(), ms(i * 10));
+        us.push(t.elapsed().as_micros());
+        assert!(r.would_kill.is_some());
+    }
+    us.sort();
+    println!(
+        "step (measure+rank+decide, 100 pods): p50={}us p99={}us max={}us",
+        us[us.len() / 2],
+        us[us.len() * 99 / 100],
+        us[us.len() - 1]
+    );
+}
+
+#[test]
+fn pressure_allocatable_signal_from_kubepods_limit() {
+    // Node has 12Gi free, but kubepods (memory.max = allocatable) is 50Mi
+    // from its limit: the kubelet's allocatableMemory.available is met.
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Systemd);
+    f.node_ws(4 * GI);
+    w(&f.kp.join("memory.max"), &(8 * GI).to_string());
+    w(
+        &f.kp.join("memory.current"),
+        &(8 * GI - 50 * MI + 20 * MI).to_string(),
+    );
+    w(
+        &f.kp.join("memory.stat"),
+        &format!("anon 1\ninactive_file {}\n", 20 * MI),
+    );
+    let n = measure(&f.paths, Some(&f.kp)).unwrap();
+    assert_eq!(
+        (n.available, n.allocatable_available),
+        (12 * GI, Some(50 * MI))
+    );
+    assert_eq!(n.signal(), "allocatableMemory.available");
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    assert_eq!(m.step(&Wake::Tick, ms(0)).killed.as_deref(), Some("b-over"));
+    assert!(killed(&b_over));
+    // Switched off, the same tree is calm.
+    let cfg = MonitorConfig {
+        allocatable_signal: false,
+        ..MonitorConfig::default()
+    };
+    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    assert_eq!(m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan, Plan::Calm);
+}
+
+#[test]
+fn pressure_pod_that_does_not_die_is_skipped_after_kill_timeout() {
+    // A victim stuck in D state stays populated: after kill-timeout the
+    // next pod in order gets its turn instead of re-killing the same one.
+    let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Systemd);
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    assert_eq!(m.step(&Wake::Tick, ms(0)).killed.as_deref(), Some("b-over"));
+    let r = m.step(&Wake::Tick, ms(5000));
+    assert!(r.verdict.unwrap().kill_timed_out);
+    let r = m.step(&Wake::Tick, ms(6000));
+    assert_eq!(r.killed.as_deref(), Some("be-1"));
+    assert!(killed(&b_over) && killed(&be));
+}

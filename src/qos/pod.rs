@@ -1,0 +1,210 @@
+//! The parts of a Kubernetes Pod manifest that decide its QoS class and
+//! kernel values. Unknown fields are ignored, so real manifests (and whole
+//! `kubectl get pod -o yaml` output) load as they are.
+//!
+//! YAML through `serde_norway`, the maintained fork of the archived
+//! `serde_yaml` with the same API; `serde_path_to_error` turns a type error
+//! into the path of the field (`spec.containers[1].resources`).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use super::quantity::{self, QuantityError};
+
+#[derive(Debug, Error)]
+pub enum ManifestError {
+    #[error("not YAML: {0}")]
+    Yaml(String),
+    #[error("{path}: {message}")]
+    Field { path: String, message: String },
+    #[error("{path}: {source}")]
+    Quantity {
+        path: String,
+        #[source]
+        source: QuantityError,
+    },
+    #[error("kind is {0:?}, expected Pod")]
+    NotAPod(String),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Pod {
+    pub kind: String,
+    pub metadata: Metadata,
+    pub spec: PodSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Metadata {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub annotations: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct PodSpec {
+    pub priority: Option<i32>,
+    pub priority_class_name: String,
+    /// Pod-level resources (KEP-2837).
+    pub resources: Option<ResourceRequirements>,
+    pub init_containers: Vec<Container>,
+    pub containers: Vec<Container>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Container {
+    pub name: String,
+    /// `Always` on an init container makes it a sidecar.
+    pub restart_policy: Option<String>,
+    pub resources: ResourceRequirements,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ResourceRequirements {
+    pub requests: BTreeMap<String, QuantityText>,
+    pub limits: BTreeMap<String, QuantityText>,
+}
+
+/// A quantity as written: YAML may give `1` or `0.5` as numbers.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum QuantityText {
+    Text(String),
+    Int(i64),
+    Float(f64),
+}
+
+impl QuantityText {
+    pub fn as_text(&self) -> String {
+        match self {
+            QuantityText::Text(s) => s.clone(),
+            QuantityText::Int(i) => i.to_string(),
+            QuantityText::Float(f) => f.to_string(),
+        }
+    }
+}
+
+/// CPU (millicores) and memory (bytes) of one requests or limits map;
+/// `None` = not set; zero counts as not set, as in the kubelet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuMem {
+    pub cpu_milli: Option<u64>,
+    pub memory: Option<u64>,
+}
+
+/// Requests and limits with API defaulting applied (a limit without a
+/// request makes the request equal the limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resolved {
+    pub requests: CpuMem,
+    pub limits: CpuMem,
+}
+
+fn resolve_map(map: &BTreeMap<String, QuantityText>, path: &str) -> Result<CpuMem, ManifestError> {
+    let get = |key: &str, milli: bool| -> Result<Option<u64>, ManifestError> {
+        let Some(q) = map.get(key) else {
+            return Ok(None);
+        };
+        let text = q.as_text();
+        let v = if milli {
+            quantity::parse_milli(&text)
+        } else {
+            quantity::parse_bytes(&text)
+        }
+        .map_err(|source| ManifestError::Quantity {
+            path: format!("{path}.{key}"),
+            source,
+        })?;
+        Ok(Some(v).filter(|v| *v > 0))
+    };
+    Ok(CpuMem {
+        cpu_milli: get("cpu", true)?,
+        memory: get("memory", false)?,
+    })
+}
+
+impl ResourceRequirements {
+    pub fn resolve(&self, path: &str) -> Result<Resolved, ManifestError> {
+        let limits = resolve_map(&self.limits, &format!("{path}.limits"))?;
+        let mut requests = resolve_map(&self.requests, &format!("{path}.requests"))?;
+        requests.cpu_milli = requests.cpu_milli.or(limits.cpu_milli);
+        requests.memory = requests.memory.or(limits.memory);
+        Ok(Resolved { requests, limits })
+    }
+}
+
+impl Container {
+    pub fn is_sidecar(&self) -> bool {
+        self.restart_policy.as_deref() == Some("Always")
+    }
+}
+
+/// Parses a Pod manifest; errors name the offending field.
+pub fn parse_pod(yaml: &str) -> Result<Pod, ManifestError> {
+    let value: serde_norway::Value =
+        serde_norway::from_str(yaml).map_err(|e| ManifestError::Yaml(e.to_string()))?;
+    let pod: Pod = serde_path_to_error::deserialize(value).map_err(|e| ManifestError::Field {
+        path: e.path().to_string(),
+        message: e.into_inner().to_string(),
+    })?;
+    if !pod.kind.is_empty() && pod.kind != "Pod" {
+        return Err(ManifestError::NotAPod(pod.kind));
+    }
+    if pod.spec.containers.is_empty() {
+        return Err(ManifestError::Field {
+            path: "spec.containers".into(),
+            message: "a pod needs at least one container".into(),
+        });
+    }
+    Ok(pod)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_and_strings_both_parse() {
+        let pod = parse_pod(
+            "kind: Pod\nmetadata: {name: a}\nspec:\n  containers:\n  - name: c\n    resources:\n      limits: {cpu: 1, memory: 1Gi}\n      requests: {cpu: 0.5}\n",
+        )
+        .unwrap();
+        let r = pod.spec.containers[0].resources.resolve("x").unwrap();
+        assert_eq!(r.requests.cpu_milli, Some(500));
+        assert_eq!(r.requests.memory, Some(1 << 30)); // defaulted to the limit
+        assert_eq!(r.limits.cpu_milli, Some(1000));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let err = parse_pod("kind: Pod\nspec:\n  containers:\n  - name: c\n    resources: 7\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("spec.containers[0].resources"), "{err}");
+        let pod = parse_pod(
+            "spec:\n  containers:\n  - name: a\n  - name: b\n    resources:\n      limits: {memory: 12x}\n",
+        )
+        .unwrap();
+        let err = pod.spec.containers[1]
+            .resources
+            .resolve("spec.containers[1].resources")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "spec.containers[1].resources.limits.memory: invalid quantity \"12x\""
+        );
+        assert!(parse_pod("kind: Service\nspec: {containers: [{name: a}]}").is_err());
+        assert!(parse_pod("spec: {containers: []}").is_err());
+        assert!(parse_pod(": : :").is_err());
+    }
+}

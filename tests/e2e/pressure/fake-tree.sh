@@ -1,0 +1,52 @@
+#!/bin/sh
+# Builds a fake cgroup v2 + procfs tree for smoke-testing `nri-qos monitor`
+# without a VM. Writes only below $1.
+#   fake-tree.sh DIR [available_MiB]
+# then: nri-qos monitor --cgroup-root DIR/cgroup --proc-root DIR/proc --once
+set -eu
+dir=${1:?usage: fake-tree.sh DIR [available_MiB]}
+avail_mib=${2:-4096}
+total_kb=$((16 * 1024 * 1024))
+ws=$(( (total_kb - avail_mib * 1024) * 1024 ))
+cg=$dir/cgroup
+kp=$cg/kubepods.slice
+mkdir -p "$dir/proc/pressure" "$kp"
+cat >"$dir/proc/meminfo" <<EOM
+MemTotal:       $total_kb kB
+MemFree:        $((avail_mib * 1024)) kB
+MemAvailable:   $((avail_mib * 1024)) kB
+Inactive(file): 0 kB
+EOM
+psi='some avg10=0.00 avg60=0.00 avg300=0.00 total=0
+full avg10=0.00 avg60=0.00 avg300=0.00 total=0'
+echo "$psi" >"$dir/proc/pressure/memory"
+echo "$psi" >"$kp/memory.pressure"
+printf 'anon %s\nfile 0\ninactive_file 0\n' "$ws" >"$cg/memory.stat"
+pid=40000
+# pod CLASS UID WS_MiB REQUEST_MiB COMM
+pod() {
+  uid_=$(echo "$2" | tr - _)
+  case $1 in
+    guaranteed) p=$kp/kubepods-pod$uid_.slice ;;
+    *) p=$kp/kubepods-$1.slice/kubepods-$1-pod$uid_.slice ;;
+  esac
+  mkdir -p "$p/pause" "$p/app"
+  echo $(( ($3 + 10) * 1048576 )) >"$p/memory.current"
+  printf 'anon %s\nfile 10485760\ninactive_file 10485760\n' $(( $3 * 1048576 )) >"$p/memory.stat"
+  echo max >"$p/memory.max"; echo max >"$p/memory.high"; echo 0 >"$p/memory.min"
+  printf 'populated 1\nfrozen 0\n' >"$p/cgroup.events"
+  : >"$p/cgroup.kill"; : >"$p/memory.reclaim"; : >"$p/cgroup.procs"
+  printf 'low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n' >"$p/memory.events.local"
+  for c in pause app; do
+    pid=$((pid + 1))
+    mkdir -p "$dir/proc/$pid"
+    echo "$pid" >"$p/$c/cgroup.procs"
+    if [ $c = pause ]; then echo pause >"$dir/proc/$pid/comm"; echo 0 >"$p/$c/memory.min"
+    else echo "$5" >"$dir/proc/$pid/comm"; echo $(( $4 * 1048576 )) >"$p/$c/memory.min"; fi
+  done
+}
+pod guaranteed  0000-g1 1024 1024 db
+pod burstable   0000-b1 100  200  api
+pod burstable   0000-b2 900  200  batch
+pod besteffort  0000-e1 300  0    web
+echo "fake tree in $dir (available ${avail_mib}MiB)"
