@@ -125,7 +125,7 @@ pub enum ConfigError {
     #[error("invalid config value {field}: {reason}")]
     Invalid { field: &'static str, reason: String },
     #[error(
-        "unknown environment variable {var}: not one of the NRI_QOS_* settings ([policy] is file-only)"
+        "unknown environment variable {var}: not one of the NRI_QOS_* settings ([policy] and [monitor] are file-only)"
     )]
     UnknownEnv { var: String },
     #[error("invalid environment variable {var} (config value {field}): {reason}")]
@@ -148,7 +148,14 @@ pub const ENV_RESERVED: &[&str] = &["NRI_QOS_CONFIG"];
 /// alone, because our own tooling shares the prefix (`NRI_QOS_E2E` is
 /// exported by `scripts/test-all.sh` and inherited by the plugin processes
 /// the protocol tests start; `NRI_QOS_BIN`, `NRI_QOS_SKIP_UPSTREAM`).
-pub const ENV_TABLES: &[&str] = &["PLUGIN", "NODE", "HIERARCHY", "METRICS", "POLICY"];
+pub const ENV_TABLES: &[&str] = &[
+    "PLUGIN",
+    "NODE",
+    "HIERARCHY",
+    "METRICS",
+    "POLICY",
+    "MONITOR",
+];
 
 type EnvSetter = fn(&mut Config, &str) -> Result<(), String>;
 
@@ -507,6 +514,7 @@ mod tests {
                 &["NRI_QOS_METRICS_ADRESS"],
             ),
             ("NRI_QOS_POLICY_MEMORY_HIGH", "false", &["file-only"]),
+            ("NRI_QOS_MONITOR_DRY_RUN", "true", &["file-only"]),
             ("NRI_QOS_NODE", "x", &["NRI_QOS_NODE"]),
             (
                 "NRI_QOS_PLUGIN_DRY_RUN",
