@@ -101,7 +101,7 @@ get_deb() {
 }
 
 kernel() {
-    [ -s "$CACHE/vmlinuz" ] && { log "cached kernel"; return; }
+    [ -s "$CACHE/vmlinuz" ] && [ -s "$CACHE/loop.ko" ] && { log "cached kernel"; return; }
     # linux-image-cloud-amd64 depends on the current 6.1 cloud image of bookworm.
     local pkg
     pkg="$(apt-cache "${APT_OPTS[@]}" depends "linux-image-cloud-amd64=$(pick_version linux-image-cloud-amd64 "$KERNEL_SUITE" 6.1)" |
@@ -112,6 +112,9 @@ kernel() {
     tmp="$(mktemp -d)"
     dpkg -x "$DEBS/kernel.deb" "$tmp"
     cp "$tmp"/boot/vmlinuz-* "$CACHE/vmlinuz"
+    # loop (no module dependencies) gives the guest a real filesystem whose page
+    # cache is reclaimable, for the memory-protection scenario
+    cp "$tmp"/lib/modules/*/kernel/drivers/block/loop.ko "$CACHE/loop.ko"
     rm -rf "$tmp"
 }
 

@@ -95,7 +95,7 @@ build_image() {
     [ -s "$out" ] && [ "$out" -nt "$BUSYBOX" ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && return
     rm -rf "$d" && mkdir -p "$d/layer/bin" "$d/oci/blobs/sha256" "$WORK/images"
     cp "$BUSYBOX" "$d/layer/bin/busybox"
-    for a in sh sleep cat ls true; do ln -s busybox "$d/layer/bin/$a"; done
+    for a in sh sleep cat ls true dd sync; do ln -s busybox "$d/layer/bin/$a"; done
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$d/layer" -cf "$d/layer.tar" .
     local layer lsize config csize manifest msize
     layer="$(sha "$d/layer.tar")"
@@ -222,6 +222,7 @@ build_initramfs() {
     [ -z "$NRI_QOS" ] || cp "$NRI_QOS" "$r/e2e/bin/nri-qos"
     for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
+    cp "$CACHE/loop.ko" "$r/e2e/loop.ko"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
     case "$ver" in
     1.7) config_17 ;;
@@ -238,6 +239,11 @@ build_initramfs() {
         echo "E2E_SCENARIOS=\"${scenarios[*]}\""
         echo "E2E_TIMING_PODS=$timing_pods"
         echo "E2E_VERBOSE=${E2E_VERBOSE:-0}"
+        # scenarios that need reclaimable page cache get /data on a real
+        # (ext2 on loop) filesystem
+        if (cd "$HERE/scenarios" && grep -l '"reclaim"' "${scenarios[@]/%/.json}" >/dev/null 2>&1); then
+            echo "E2E_DISK=1"
+        fi
     } >"$r/e2e/env"
     # uncompressed: the guest unpacks it faster than it could gunzip under TCG
     (cd "$r" && find . -print0 | cpio --null -o -H newc --quiet) >"$out"

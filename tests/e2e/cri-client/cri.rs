@@ -140,6 +140,16 @@ pub struct ImageSpec {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
+pub struct Mount {
+    #[prost(string, tag = "1")]
+    pub container_path: String,
+    #[prost(string, tag = "2")]
+    pub host_path: String,
+    #[prost(bool, tag = "3")]
+    pub readonly: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
 pub struct LinuxContainerResources {
     #[prost(int64, tag = "1")]
     pub cpu_period: i64,
@@ -185,6 +195,8 @@ pub struct ContainerConfig {
     pub command: Vec<String>,
     #[prost(string, repeated, tag = "4")]
     pub args: Vec<String>,
+    #[prost(message, repeated, tag = "7")]
+    pub mounts: Vec<Mount>,
     #[prost(map = "string, string", tag = "9")]
     pub labels: HashMap<String, String>,
     #[prost(map = "string, string", tag = "10")]

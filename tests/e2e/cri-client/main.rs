@@ -124,6 +124,18 @@ struct ContainerSpec {
     /// resources sent with UpdateContainerResources after start (phase "updated")
     #[serde(default)]
     update: Option<Resources>,
+    /// bind mounts: {"container_path", "host_path", "readonly"}
+    #[serde(default)]
+    mounts: Vec<MountSpec>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct MountSpec {
+    container_path: String,
+    host_path: String,
+    #[serde(default)]
+    readonly: bool,
 }
 
 #[derive(Deserialize, Debug)]
@@ -156,6 +168,57 @@ struct Scenario {
     #[serde(default)]
     cgroups: BTreeMap<String, BTreeMap<String, String>>,
     pods: Vec<PodSpec>,
+    /// proactive reclaim after all containers started (needs E2E_DISK in the VM)
+    #[serde(default)]
+    reclaim: Option<Reclaim>,
+    /// files (path -> size in bytes, zeros) made by the node before any pod, then
+    /// dropped from the page cache so that the containers reading them are charged
+    #[serde(default)]
+    files: BTreeMap<String, u64>,
+}
+
+fn make_files(files: &BTreeMap<String, u64>) -> Result<()> {
+    use std::io::Write as _;
+    if files.is_empty() {
+        return Ok(());
+    }
+    let chunk = vec![0u8; 1 << 20];
+    for (path, size) in files {
+        let mut f = std::fs::File::create(path).with_context(|| format!("creating {path}"))?;
+        let mut left = *size;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            f.write_all(&chunk[..n])?;
+            left -= n as u64;
+        }
+        f.sync_all()?;
+    }
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context("dropping caches")?;
+    Ok(())
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Reclaim {
+    /// cgroup whose memory.reclaim is written, e.g. /kubepods/burstable
+    cgroup: String,
+    /// what is written to memory.reclaim, e.g. "1G"
+    amount: String,
+    /// wait until every container's memory.current reaches this many bytes
+    #[serde(default)]
+    fill_bytes: u64,
+    #[serde(default = "default_fill_timeout")]
+    fill_timeout_s: u64,
+    /// "pod/ctr" -> memory.current that must remain after the reclaim
+    #[serde(default)]
+    min_retained: BTreeMap<String, u64>,
+    /// "pod/ctr" -> memory.current it may keep at most (proves reclaim happened)
+    #[serde(default)]
+    max_retained: BTreeMap<String, u64>,
+}
+
+fn default_fill_timeout() -> u64 {
+    120
 }
 
 fn default_command() -> Vec<String> {
@@ -311,6 +374,15 @@ fn container_config(pod: &PodSpec, c: &ContainerSpec) -> Result<ContainerConfig>
         }),
         command: c.command.clone(),
         args: vec![],
+        mounts: c
+            .mounts
+            .iter()
+            .map(|m| cri::Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                readonly: m.readonly,
+            })
+            .collect(),
         labels,
         annotations: c.annotations.clone(),
         log_path: format!("{}/0.log", c.name),
@@ -445,6 +517,85 @@ struct Started {
     pod_id: String,
 }
 
+fn cgroup_dir(pid: u32) -> Result<PathBuf> {
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    let path = cg
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .context("process is not in a cgroup v2 hierarchy")?;
+    Ok(Path::new(CGROUP_ROOT).join(path.trim_start_matches('/')))
+}
+
+fn memory_current(dir: &Path) -> u64 {
+    read_trim(&dir.join("memory.current")).parse().unwrap_or(0)
+}
+
+/// Fill, then reclaim proactively, and report what every container kept: does
+/// memory.min/low protect a container inside this cgroup tree?
+async fn run_reclaim(r: &Reclaim, containers: &BTreeMap<String, u32>) -> Result<bool> {
+    let dirs: BTreeMap<&String, PathBuf> = containers
+        .iter()
+        .map(|(k, pid)| Ok((k, cgroup_dir(*pid)?)))
+        .collect::<Result<_>>()?;
+    let deadline = Instant::now() + Duration::from_secs(r.fill_timeout_s);
+    while dirs.values().any(|d| memory_current(d) < r.fill_bytes) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // let the writers finish their sync so the page cache is clean
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before: BTreeMap<&String, u64> =
+        dirs.iter().map(|(k, d)| (*k, memory_current(d))).collect();
+    let target = Path::new(CGROUP_ROOT)
+        .join(r.cgroup.trim_start_matches('/'))
+        .join("memory.reclaim");
+    let t0 = Instant::now();
+    let res = std::fs::write(&target, &r.amount);
+    println!(
+        "E2E-INFO reclaim {} from {} in {} ms: {}",
+        r.amount,
+        r.cgroup,
+        t0.elapsed().as_millis(),
+        match &res {
+            Ok(()) => "all reclaimed".to_string(),
+            Err(e) => format!("{e} (less was reclaimable)"),
+        }
+    );
+    let mut ok = true;
+    for (k, d) in &dirs {
+        let after = memory_current(d);
+        println!(
+            "E2E-RECLAIM {}",
+            json!({
+                "key": k, "before": before[k], "after": after,
+                "memory.min": read_trim(&d.join("memory.min")),
+                "memory.low": read_trim(&d.join("memory.low")),
+                "pod:memory.min": d.parent().map(|p| read_trim(&p.join("memory.min"))),
+            })
+        );
+        if let Some(min) = r.min_retained.get(*k) {
+            ok &= check(
+                &format!("{k}.reclaim_retained"),
+                after >= *min,
+                &format!(
+                    "memory.current {before} -> {after}, must keep >= {min}",
+                    before = before[k]
+                ),
+            );
+        }
+        if let Some(max) = r.max_retained.get(*k) {
+            ok &= check(
+                &format!("{k}.reclaim_released"),
+                after <= *max,
+                &format!(
+                    "memory.current {before} -> {after}, may keep <= {max}",
+                    before = before[k]
+                ),
+            );
+        }
+    }
+    Ok(ok)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn report_and_check(
     scenario: &str,
@@ -547,7 +698,11 @@ async fn run_scenario(
         None => None,
     };
     let mut all_ok = precreate_cgroups(&scenario.cgroups);
+    if let Err(e) = make_files(&scenario.files) {
+        all_ok &= check(&format!("{name}.files"), false, &format!("{e:#}"));
+    }
     let mut started = Vec::new();
+    let mut pids: BTreeMap<String, u32> = BTreeMap::new();
     for pod in &scenario.pods {
         let t0 = Instant::now();
         let cfg = sandbox_config(pod)?;
@@ -595,6 +750,7 @@ async fn run_scenario(
                 true,
                 &format!("pid={pid} after {} ms", t0.elapsed().as_millis()),
             );
+            pids.insert(key.clone(), pid);
             all_ok &= report_and_check(
                 &name,
                 pod,
@@ -619,6 +775,9 @@ async fn run_scenario(
                 }
             }
         }
+    }
+    if let Some(r) = &scenario.reclaim {
+        all_ok &= run_reclaim(r, &pids).await?;
     }
     let listed = client.list_containers().await?;
     println!(
@@ -676,6 +835,7 @@ async fn timing(
                     ..Default::default()
                 },
                 update: None,
+                mounts: vec![],
             }],
         };
         let cfg = sandbox_config(&pod)?;
