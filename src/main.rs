@@ -417,8 +417,11 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
                 proc_root: cfg.node.proc_root.clone(),
             };
             let monitor_cfg = cfg.monitor.clone();
+            let metrics = cfg.metrics.enabled.then(|| plugin.metrics());
             tokio::spawn(async move {
-                if let Err(e) = nri_qos::pressure::run(monitor_cfg, paths, pods).await {
+                if let Err(e) =
+                    nri_qos::pressure::run_with_metrics(monitor_cfg, paths, pods, metrics).await
+                {
                     tracing::error!(error = %e, "pressure monitor stopped");
                 }
             });

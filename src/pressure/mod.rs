@@ -198,6 +198,8 @@ pub struct Monitor {
     /// lmkd does): memory may keep falling without another event.
     psi_followup: Duration,
     fast_until: Option<Duration>,
+    /// Prometheus counters and gauges, when the endpoint is on.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Monitor {
@@ -222,6 +224,7 @@ impl Monitor {
         Monitor {
             psi_followup,
             fast_until: None,
+            metrics: None,
             decider: Decider::new((&cfg).into()),
             mrelease: cfg.mrelease,
             cfg,
@@ -323,8 +326,29 @@ impl Monitor {
         (node, kp)
     }
 
+    /// Publishes evictions and node PSI averages to `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn publish_psi(&self) {
+        let (Some(m), Ok(p)) = (&self.metrics, psi::read(&self.paths.node_psi())) else {
+            return;
+        };
+        m.set_pressure("memory", "some_avg10", p.some.avg10);
+        m.set_pressure("memory", "some_avg60", p.some.avg60);
+        m.set_pressure("memory", "some_avg300", p.some.avg300);
+        if let Some(f) = p.full {
+            m.set_pressure("memory", "full_avg10", f.avg10);
+            m.set_pressure("memory", "full_avg60", f.avg60);
+            m.set_pressure("memory", "full_avg300", f.avg300);
+        }
+    }
+
     pub fn step(&mut self, wake: &Wake, now: Duration) -> StepReport {
         self.step_started = Instant::now();
+        self.publish_psi();
         if matches!(wake, Wake::Psi { .. }) {
             self.fast_until = Some(now + self.psi_followup);
         }
@@ -693,6 +717,9 @@ impl Monitor {
                     "killed pod"
                 );
                 report.killed = Some(victim.uid.clone());
+                if let Some(m) = &self.metrics {
+                    m.inc_eviction(&format!("{:?}", victim.class), &format!("{reason:?}"));
+                }
                 self.decider.kill_started(now);
                 // Nothing else may happen while the kill is in flight, so
                 // watch the cgroup empty closely for a short while: frees the
@@ -731,12 +758,37 @@ pub async fn run(
     paths: Paths,
     pods: Arc<dyn PodRegistry>,
 ) -> Result<(), MonitorError> {
-    run_with(
-        cfg,
-        paths,
-        pods,
-        Arc::new(act::Syscalls),
+    run_with_metrics(cfg, paths, pods, None).await
+}
+
+/// `run`, publishing evictions and PSI to the metrics endpoint.
+pub async fn run_with_metrics(
+    cfg: MonitorConfig,
+    paths: Paths,
+    pods: Arc<dyn PodRegistry>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+) -> Result<(), MonitorError> {
+    cfg.validate()?;
+    let (tx, rx) = mpsc::channel(16);
+    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls));
+    if let Some(m) = metrics {
+        monitor = monitor.with_metrics(m);
+    }
+    let mut triggers = Triggers::new(&cfg, &paths, tx);
+    triggers.arm();
+    tracing::info!(
+        kubepods = ?monitor.kubepods(),
+        psi_targets_armed = triggers.armed(),
+        hard = %cfg.hard_threshold,
+        soft = %cfg.soft_threshold,
+        dry_run = cfg.dry_run,
+        "memory-pressure monitor started"
+    );
+    drive(
+        monitor,
+        rx,
         Arc::new(SystemClock::default()),
+        Some(triggers),
     )
     .await
 }

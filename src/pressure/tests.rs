@@ -656,3 +656,23 @@ fn pressure_pod_that_does_not_die_is_skipped_after_kill_timeout() {
     assert_eq!(r.killed.as_deref(), Some("be-1"));
     assert!(killed(&b_over) && killed(&be));
 }
+
+#[test]
+fn pressure_evictions_and_psi_reach_the_metrics() {
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Cgroupfs);
+    let (m, _ops) = monitor(&f, MonitorConfig::default(), reg);
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let mut m = m.with_metrics(metrics.clone());
+    let r = m.step(&psi_wake(), ms(0));
+    assert_eq!(r.killed.as_deref(), Some("b-over"));
+    assert!(killed(&b_over));
+    let text = metrics.render();
+    assert!(
+        text.contains("nri_qos_evictions_total{class=\"Burstable\",reason=\"hard\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("nri_qos_pressure{resource=\"memory\",kind=\"some_avg10\"} 30"),
+        "{text}"
+    );
+}
