@@ -236,6 +236,7 @@ build_initramfs() {
         echo "E2E_CONTAINERD=$ver"
         echo "E2E_PLUGIN=$plugin"
         echo "E2E_RESILIENCE=${E2E_RESILIENCE:-0}"
+        echo "E2E_OVERHEAD_PODS=${E2E_OVERHEAD_PODS:-0}"
         echo "E2E_SCENARIOS=\"${scenarios[*]}\""
         echo "E2E_TIMING_PODS=$timing_pods"
         echo "E2E_VERBOSE=${E2E_VERBOSE:-0}"

@@ -127,9 +127,20 @@ external)
         check plugin.external FAIL "no NRI socket to connect to"
         finish 1
     fi
+    if [ "${E2E_OVERHEAD_PODS:-0}" -gt 0 ]; then
+        # Startup overhead: the same N pods without, then with the plugin, one VM.
+        /e2e/bin/cri-client timing --pods "$E2E_OVERHEAD_PODS" | tee /tmp/timing-without.out
+    fi
     /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock >/var/log/nri-qos.log 2>&1 &
     plugin_pid=$!
     sleep 2
+    if [ "${E2E_OVERHEAD_PODS:-0}" -gt 0 ]; then
+        /e2e/bin/cri-client timing --pods "$E2E_OVERHEAD_PODS" | tee /tmp/timing-with.out
+        ms() { sed -n 's/.*"start_total_ms":\([0-9]*\).*/\1/p' "$1" | head -n 1; }
+        a="$(ms /tmp/timing-without.out)"
+        b="$(ms /tmp/timing-with.out)"
+        info "overhead: $E2E_OVERHEAD_PODS pods started in ${a} ms without and ${b} ms with nri-qos ($(awk -v a="$a" -v b="$b" 'BEGIN { printf "%+.1f%%", (b - a) * 100 / a }'))"
+    fi
     if kill -0 "$plugin_pid" 2>/dev/null; then
         check plugin.external PASS "pid $plugin_pid running"
     else
