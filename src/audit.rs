@@ -137,7 +137,9 @@ pub async fn collect(socket: &Path, limit: Duration) -> Result<Snapshot, AuditEr
 #[serde(rename_all = "camelCase")]
 pub struct Check {
     pub key: String,
-    pub expected: String,
+    /// What the policy wants; `None` for a value the policy leaves to the
+    /// runtime and cannot see (shown for information, never drift).
+    pub expected: Option<String>,
     pub actual: String,
     pub ok: bool,
 }
@@ -202,8 +204,18 @@ fn check(key: &str, expected: String, actual: Option<String>) -> Check {
     Check {
         key: key.into(),
         ok: expected == actual,
-        expected,
+        expected: Some(expected),
         actual,
+    }
+}
+
+/// A value the policy does not claim: reported, not judged.
+fn report_only(key: &str, actual: Option<String>) -> Check {
+    Check {
+        key: key.into(),
+        expected: None,
+        actual: actual.unwrap_or_else(|| "(unreadable)".into()),
+        ok: true,
     }
 }
 
@@ -269,17 +281,15 @@ pub fn audit(
                 .map(|l| l.to_string())
                 .unwrap_or_else(|| "max".into());
             checks.push(check("memory.max", mem_max, file("memory.max")));
-            for (key, default) in [
-                ("memory.min", "0"),
-                ("memory.low", "0"),
-                ("memory.high", "max"),
-            ] {
-                let want = eff
-                    .unified
-                    .get(key)
-                    .cloned()
-                    .unwrap_or_else(|| default.to_string());
-                checks.push(check(key, want, file(key)));
+            // Unified keys the policy does not set stay the runtime's. NRI
+            // before v0.10 (containerd 1.7, 2.0, 2.1) does not show plugins the
+            // CRI's unified map, so e.g. the kubelet's MemoryQoS memory.min can
+            // be in the kernel without being visible here: report, not drift.
+            for key in ["memory.min", "memory.low", "memory.high"] {
+                checks.push(match eff.unified.get(key) {
+                    Some(want) => check(key, want.clone(), file(key)),
+                    None => report_only(key, file(key)),
+                });
             }
         }
         let want_oom = d.adjustment.oom_score_adj.or(facts.oom_score_adj);
@@ -374,7 +384,7 @@ pub fn render_table(r: &AuditReport) -> String {
                     .map(|c| format!("{c:?}"))
                     .unwrap_or_else(|| "-".into()),
                 c.key.clone(),
-                c.expected.clone(),
+                c.expected.clone().unwrap_or_else(|| "(runtime)".into()),
                 c.actual.clone(),
                 if c.ok { String::new() } else { "DRIFT".into() },
             ]);

@@ -139,7 +139,11 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
     );
     for h in &report.hierarchy {
         for c in &h.checks {
-            std::fs::write(root.join(&h.cgroup).join(&c.key), &c.expected).unwrap();
+            let want = c
+                .expected
+                .as_deref()
+                .expect("hierarchy values are all ours");
+            std::fs::write(root.join(&h.cgroup).join(&c.key), want).unwrap();
         }
     }
     let report = audit::audit(
@@ -176,4 +180,58 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
     );
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["drift"], 1);
+}
+
+/// The CI failure of the `memoryqos` VM scenario: with the MemoryQoS gate the
+/// kubelet sends `unified` memory.min/high through the CRI, runc writes them,
+/// but NRI before v0.10 never shows plugins that map. A value the policy does
+/// not claim is reported, not flagged.
+#[test]
+fn a_runtime_value_the_policy_does_not_claim_is_not_drift() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cgroup");
+    let p = pod("b", "/kubepods/burstable/podb");
+    let mut c = container("cb", "b", 256, 50_000, 512 << 20, 985);
+    c.linux.mut_or_insert_default().cgroups_path = "/kubepods/burstable/podb/cb".into();
+    write_expected(&root, &p, &c);
+    let cg = root.join("kubepods/burstable/podb/cb");
+    // What runc wrote from the kubelet's (invisible) unified map.
+    std::fs::write(cg.join("memory.min"), "268435456").unwrap();
+    let snap = audit::Snapshot {
+        pods: vec![p],
+        containers: vec![c],
+    };
+    let hierarchy = HierarchyConfig {
+        enabled: false,
+        ..Default::default()
+    };
+    let report = audit::audit(
+        &snap,
+        &NODE,
+        &Default::default(),
+        &hierarchy,
+        &root,
+        Path::new("/nonexistent"),
+    );
+    assert_eq!(report.drift, 0, "{}", audit::render_table(&report));
+    let min = report.containers[0]
+        .checks
+        .iter()
+        .find(|c| c.key == "memory.min")
+        .unwrap();
+    assert_eq!(min.expected, None);
+    assert_eq!(min.actual, "268435456");
+    assert!(audit::render_table(&report).contains("(runtime)"));
+
+    // A value the policy does claim still drifts when changed.
+    std::fs::write(cg.join("memory.low"), "0").unwrap();
+    let report = audit::audit(
+        &snap,
+        &NODE,
+        &Default::default(),
+        &hierarchy,
+        &root,
+        Path::new("/nonexistent"),
+    );
+    assert_eq!(report.drift, 1, "{}", audit::render_table(&report));
 }
