@@ -394,8 +394,8 @@ mod tests {
         let root = dir.path();
         tree(root, &["kubepods"]);
         let reg = registry(&[
-            ("a", "/kubepods/burstable/poda", 0, 10),
-            ("b", "/my/custom/parent", 0, 10),
+            ("a", "/kubepods/burstable/poda", 0, 40960),
+            ("b", "/my/custom/parent", 0, 40960),
         ]);
         let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
         let pods = k.pods_from_registry(&reg);
@@ -403,7 +403,7 @@ mod tests {
         let r = k.reconcile(&pods);
         assert_eq!(r.missing, 2);
         assert!(!root.join("kubepods/burstable").exists());
-        assert_eq!(read(root, "kubepods", "memory.low"), 10);
+        assert_eq!(read(root, "kubepods", "memory.low"), 40960);
     }
 
     #[test]
@@ -414,7 +414,7 @@ mod tests {
         // A directory where the file should be makes the write fail.
         std::fs::remove_file(root.join("kubepods/poda/memory.low")).unwrap();
         std::fs::create_dir(root.join("kubepods/poda/memory.low")).unwrap();
-        let reg = registry(&[("a", "/kubepods/poda", 0, 10)]);
+        let reg = registry(&[("a", "/kubepods/poda", 0, 40960)]);
         let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
         let pods = k.pods_from_registry(&reg);
         assert_eq!(k.reconcile(&pods).failed, 1);
@@ -422,7 +422,7 @@ mod tests {
         std::fs::write(root.join("kubepods/poda/memory.low"), "0").unwrap();
         let r = k.reconcile(&pods);
         assert_eq!(r.failed, 0);
-        assert_eq!(read(root, "kubepods/poda", "memory.low"), 10);
+        assert_eq!(read(root, "kubepods/poda", "memory.low"), 40960);
         assert_eq!(k.stats().failed_writes, 1);
     }
 

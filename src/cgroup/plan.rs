@@ -45,9 +45,17 @@ pub struct Targets {
     pub scaled: bool,
 }
 
+/// The kernel keeps memory.min/low in whole pages (a write is rounded down),
+/// so targets are too: otherwise every pass would see a difference, rewrite,
+/// and `audit` would flag the rounding as drift.
+pub const PAGE_SIZE: u64 = 4096;
+
 /// Sums protection up the tree and caps it at `budget` bytes in total.
 /// When the requests exceed the budget every value is scaled down by the same
-/// factor, so the kernel always keeps something it may reclaim.
+/// factor, so the kernel always keeps something it may reclaim. Every value
+/// is rounded down to whole pages, which keeps each parent at least the sum
+/// of its children (a multiple of the page that fits below a value fits below
+/// its rounding too).
 pub fn targets(pods: &[PodProtection], budget: u64) -> Targets {
     let mut by: BTreeMap<PathBuf, Protection> = BTreeMap::new();
     let mut add = |path: &PathBuf, min: u64, low: u64| {
@@ -76,6 +84,10 @@ pub fn targets(pods: &[PodProtection], budget: u64) -> Targets {
             p.min = scale(p.min);
             p.low = scale(p.low);
         }
+    }
+    for p in by.values_mut() {
+        p.min -= p.min % PAGE_SIZE;
+        p.low -= p.low % PAGE_SIZE;
     }
     Targets {
         by_cgroup: by,
@@ -136,6 +148,8 @@ mod tests {
     use crate::cgroup::layout::pod_cgroups;
     use proptest::prelude::*;
 
+    const P: u64 = PAGE_SIZE;
+
     fn pp(parent: &str, min: u64, low: u64) -> PodProtection {
         PodProtection {
             cgroups: pod_cgroups(parent).unwrap(),
@@ -148,18 +162,22 @@ mod tests {
     fn sums_go_up_the_tree() {
         let t = targets(
             &[
-                pp("/kubepods/poda", 100, 0),
-                pp("/kubepods/burstable/podb", 0, 30),
-                pp("/kubepods/burstable/podc", 5, 20),
+                pp("/kubepods/poda", 100 * P, 0),
+                pp("/kubepods/burstable/podb", 0, 30 * P),
+                pp("/kubepods/burstable/podc", 5 * P, 20 * P),
                 pp("/kubepods/besteffort/podd", 0, 0),
             ],
             u64::MAX,
         );
         let g = |p: &str| t.by_cgroup[&PathBuf::from(p)];
-        assert_eq!(g("kubepods"), Protection { min: 105, low: 50 });
-        assert_eq!(g("kubepods/burstable"), Protection { min: 5, low: 50 });
-        assert_eq!(g("kubepods/besteffort"), Protection { min: 0, low: 0 });
-        assert_eq!(g("kubepods/poda"), Protection { min: 100, low: 0 });
+        let pr = |min: u64, low: u64| Protection {
+            min: min * P,
+            low: low * P,
+        };
+        assert_eq!(g("kubepods"), pr(105, 50));
+        assert_eq!(g("kubepods/burstable"), pr(5, 50));
+        assert_eq!(g("kubepods/besteffort"), pr(0, 0));
+        assert_eq!(g("kubepods/poda"), pr(100, 0));
         assert!(!t.scaled);
     }
 
@@ -167,15 +185,38 @@ mod tests {
     fn budget_scales_everything_down() {
         let t = targets(
             &[
-                pp("/kubepods/poda", 600, 0),
-                pp("/kubepods/burstable/podb", 0, 400),
+                pp("/kubepods/poda", 600 * P, 0),
+                pp("/kubepods/burstable/podb", 0, 400 * P),
             ],
-            500,
+            500 * P,
         );
         assert!(t.scaled);
         let k = t.by_cgroup[&PathBuf::from("kubepods")];
-        assert_eq!(k, Protection { min: 300, low: 200 });
-        assert!(k.min + k.low <= 500);
+        assert_eq!(
+            k,
+            Protection {
+                min: 300 * P,
+                low: 200 * P
+            }
+        );
+        assert!(k.min + k.low <= 500 * P);
+    }
+
+    #[test]
+    fn scaled_values_are_whole_pages() {
+        // 1 GiB + 320 MiB asked, 1.29 GiB allowed (the e2e VM's numbers).
+        let t = targets(
+            &[
+                pp("/kubepods/poda", 1 << 30, 0),
+                pp("/kubepods/burstable/podb", 0, 334_737_408),
+            ],
+            1_384_003_584,
+        );
+        assert!(t.scaled);
+        for p in t.by_cgroup.values() {
+            assert_eq!(p.min % P, 0, "{p:?}");
+            assert_eq!(p.low % P, 0, "{p:?}");
+        }
     }
 
     #[test]
@@ -275,6 +316,8 @@ mod tests {
             let t1 = targets(&after, budget);
             for p in t1.by_cgroup.values() {
                 prop_assert!(p.min.saturating_add(p.low) <= budget);
+                prop_assert_eq!(p.min % PAGE_SIZE, 0);
+                prop_assert_eq!(p.low % PAGE_SIZE, 0);
             }
             // Start from the old state (every cgroup of both plans present).
             let mut state = t0.by_cgroup.clone();

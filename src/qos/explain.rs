@@ -59,6 +59,21 @@ pub struct ContainerReport {
     /// The memory request the policy worked with, and where it came from.
     pub memory_request: Option<u64>,
     pub memory_request_source: RequestSource,
+    /// What the kubelet sends the runtime for this container, before any
+    /// plugin (the CRI `LinuxContainerResources`).
+    pub kubelet: KubeletRequest,
+}
+
+/// The CRI resources the kubelet computes for a container (kuberuntime).
+/// 0 means "not set", as on the CRI wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletRequest {
+    pub cpu_shares: u64,
+    pub cpu_quota: i64,
+    pub cpu_period: u64,
+    pub memory_limit: u64,
+    pub oom_score_adj: i64,
 }
 
 /// The explained pod. JSON field names are stable: scripts rely on them.
@@ -68,6 +83,9 @@ pub struct PodReport {
     pub pod: String,
     pub qos_class: QosClass,
     pub reason: String,
+    /// The cgroup parent the kubelet gives the pod sandbox (CRI
+    /// `LinuxPodSandboxConfig.cgroup_parent`; a slice name with systemd).
+    pub cgroup_parent: String,
     pub containers: Vec<ContainerReport>,
     /// The pause container (runtime-created; oom_score_adj -998, 2 shares).
     pub sandbox: Value,
@@ -349,6 +367,13 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
             oom_score_adj: d.adjustment.oom_score_adj.unwrap_or(oom),
             memory_request: d.memory_request,
             memory_request_source: d.request_source,
+            kubelet: KubeletRequest {
+                cpu_shares: shares,
+                cpu_quota: quota.unwrap_or(0),
+                cpu_period: f::QUOTA_PERIOD,
+                memory_limit: mem_limit.unwrap_or(0),
+                oom_score_adj: oom,
+            },
         });
     }
     let sandbox_path = match node.driver {
@@ -367,6 +392,7 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
         ),
         qos_class: class,
         reason: class_reason,
+        cgroup_parent,
         containers,
         sandbox: json!({
             "cgroupPath": sandbox_path,

@@ -224,6 +224,7 @@ build_initramfs() {
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
     cp "$CACHE/loop.ko" "$r/e2e/loop.ko"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
+    cp -r "$HERE/scenarios/pods" "$r/e2e/scenarios/"
     case "$ver" in
     1.7) config_17 ;;
     2.1) config_21 ;;

@@ -240,6 +240,7 @@ pub struct ContainerStatusRequest {
 
 /// `ContainerState`: CREATED = 0, RUNNING = 1, EXITED = 2, UNKNOWN = 3.
 pub const CONTAINER_RUNNING: i32 = 1;
+pub const CONTAINER_EXITED: i32 = 2;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ContainerStatus {

@@ -9,6 +9,7 @@
 //! Run `cri-client --help` for the commands.
 
 mod cri;
+mod manifest;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -67,6 +68,10 @@ enum Cmd {
         /// applied the CRI request unchanged (the baseline without a plugin)
         #[arg(long)]
         expect_cri: bool,
+        /// for pods given as manifests, check the values `nri-qos explain`
+        /// predicts (a plugin runs); entries of --expect win
+        #[arg(long)]
+        expect_explain: bool,
         /// leave the pods running instead of stopping and removing them
         #[arg(long)]
         keep: bool,
@@ -107,7 +112,7 @@ struct Resources {
     unified: HashMap<String, String>,
 }
 
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 struct ContainerSpec {
     name: String,
@@ -127,9 +132,37 @@ struct ContainerSpec {
     /// bind mounts: {"container_path", "host_path", "readonly"}
     #[serde(default)]
     mounts: Vec<MountSpec>,
+    /// manifest pods: expected values that differ from explain's prediction
+    /// (e.g. a kubelet `unified` key the plugin leaves alone)
+    #[serde(default)]
+    expect: BTreeMap<String, String>,
+    /// the same after the resize
+    #[serde(default)]
+    expect_updated: BTreeMap<String, String>,
+    /// an init container: runs to completion before the next one starts
+    #[serde(skip)]
+    run_to_completion: bool,
 }
 
-#[derive(Deserialize, Debug)]
+impl Default for ContainerSpec {
+    fn default() -> Self {
+        ContainerSpec {
+            name: String::new(),
+            image: None,
+            command: default_command(),
+            annotations: HashMap::new(),
+            labels: HashMap::new(),
+            resources: Resources::default(),
+            update: None,
+            mounts: vec![],
+            expect: BTreeMap::new(),
+            expect_updated: BTreeMap::new(),
+            run_to_completion: false,
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Clone)]
 #[serde(deny_unknown_fields)]
 struct MountSpec {
     container_path: String,
@@ -141,11 +174,26 @@ struct MountSpec {
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 struct PodSpec {
+    /// with a manifest: overrides its metadata.name
+    #[serde(default)]
     name: String,
+    /// with a manifest: overrides its metadata.uid
+    #[serde(default)]
     uid: String,
     #[serde(default = "default_namespace")]
     namespace: String,
+    /// with a manifest: derived from the class and uid (and checked if given)
+    #[serde(default)]
     cgroup_parent: String,
+    /// a Kubernetes Pod manifest (path relative to the scenario file): the
+    /// containers, their CRI resources and the cgroup parent are what the
+    /// kubelet would send for it, the expected values what explain predicts
+    #[serde(default)]
+    manifest: Option<String>,
+    /// the same pod resized in place: UpdateContainerResources with the
+    /// kubelet's new values for every container whose values change
+    #[serde(default)]
+    resize_manifest: Option<String>,
     #[serde(default)]
     annotations: HashMap<String, String>,
     #[serde(default)]
@@ -153,6 +201,8 @@ struct PodSpec {
     /// pod-level resources (LinuxPodSandboxConfig.resources), as newer kubelets send
     #[serde(default)]
     resources: Option<Resources>,
+    /// with a manifest: per-container overrides (command, mounts, unified, expect)
+    #[serde(default)]
     containers: Vec<ContainerSpec>,
 }
 
@@ -675,9 +725,10 @@ async fn run_scenario(
     path: &Path,
     expect: Option<PathBuf>,
     expect_cri: bool,
+    expect_explain: bool,
     keep: bool,
 ) -> Result<bool> {
-    let scenario: Scenario = serde_json::from_str(
+    let mut scenario: Scenario = serde_json::from_str(
         &std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
     )
     .with_context(|| format!("parsing {}", path.display()))?;
@@ -689,7 +740,7 @@ async fn run_scenario(
         scenario.name.clone()
     };
     println!("E2E-INFO scenario {name}: {}", scenario.description);
-    let expect = match expect {
+    let mut expect = match expect {
         Some(p) if p.exists() => Some(load_expect(&p)?),
         Some(p) => {
             println!("E2E-INFO no expected-values file {}", p.display());
@@ -697,6 +748,22 @@ async fn run_scenario(
         }
         None => None,
     };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mem_total = mem_total_bytes()? as u64;
+    for pod in &mut scenario.pods {
+        let predicted = manifest::expand(pod, dir, mem_total)
+            .with_context(|| format!("scenario {name}, pod {}", pod.name))?;
+        if !expect_explain {
+            continue;
+        }
+        let m = expect.get_or_insert_with(Default::default);
+        for (key, values) in predicted {
+            // An entry of the --expect file wins over the prediction.
+            if !m.contains_key(&key) {
+                m.insert(key, json!(values));
+            }
+        }
+    }
     let mut all_ok = precreate_cgroups(&scenario.cgroups);
     if let Err(e) = make_files(&scenario.files) {
         all_ok &= check(&format!("{name}.files"), false, &format!("{e:#}"));
@@ -731,6 +798,10 @@ async fn run_scenario(
                     })
                     .await?;
                 client.start_container(&id).await?;
+                if c.run_to_completion {
+                    wait_exited(client, &id).await?;
+                    return Ok((id, 0));
+                }
                 let (state, pid) = container_pid(client, &id).await?;
                 if state != cri::CONTAINER_RUNNING {
                     bail!("container state {state} after start");
@@ -745,6 +816,17 @@ async fn run_scenario(
                     continue;
                 }
             };
+            if c.run_to_completion {
+                check(
+                    &format!("{key}.completed"),
+                    true,
+                    &format!(
+                        "init container exited 0 after {} ms",
+                        t0.elapsed().as_millis()
+                    ),
+                );
+                continue;
+            }
             check(
                 &format!("{key}.started"),
                 true,
@@ -804,6 +886,29 @@ async fn run_scenario(
     Ok(all_ok)
 }
 
+/// Waits for an init container to exit 0, as the kubelet does before it
+/// starts the next container.
+async fn wait_exited(client: &mut RuntimeClient, id: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let st = client.container_status(id).await?;
+        if let Some(s) = st
+            .status
+            .as_ref()
+            .filter(|s| s.state == cri::CONTAINER_EXITED)
+        {
+            if s.exit_code != 0 {
+                bail!("init container exited with {}", s.exit_code);
+            }
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("init container still running after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn timing(
     client: &mut RuntimeClient,
     pods: usize,
@@ -823,19 +928,17 @@ async fn timing(
             annotations: HashMap::new(),
             labels: HashMap::new(),
             resources: None,
+            manifest: None,
+            resize_manifest: None,
             containers: vec![ContainerSpec {
                 name: "app".into(),
                 image: Some(image.into()),
-                command: default_command(),
-                annotations: HashMap::new(),
-                labels: HashMap::new(),
                 resources: Resources {
                     cpu_shares: 2,
                     oom_score_adj: Some(1000),
                     ..Default::default()
                 },
-                update: None,
-                mounts: vec![],
+                ..Default::default()
             }],
         };
         let cfg = sandbox_config(&pod)?;
@@ -914,8 +1017,19 @@ async fn main() -> Result<()> {
             scenario,
             expect,
             expect_cri,
+            expect_explain,
             keep,
-        } => run_scenario(&mut client, &scenario, expect, expect_cri, keep).await?,
+        } => {
+            run_scenario(
+                &mut client,
+                &scenario,
+                expect,
+                expect_cri,
+                expect_explain,
+                keep,
+            )
+            .await?
+        }
         Cmd::Timing {
             pods,
             parent,

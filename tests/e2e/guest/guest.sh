@@ -167,11 +167,13 @@ for s in $E2E_SCENARIOS; do
     if [ "$E2E_PLUGIN" = none ]; then
         # Without a plugin the runtime must apply the CRI request unchanged.
         set -- "$@" --expect-cri
-    elif [ -f "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json" ]; then
-        # per-version expectations win over the common ones
-        set -- "$@" --expect "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json"
-    elif [ -f "/e2e/scenarios/$s.expected.json" ]; then
-        set -- "$@" --expect "/e2e/scenarios/$s.expected.json"
+    else
+        # With nri-qos every value must be what `nri-qos explain` predicts;
+        # an expected-values file (per-version first) overrides single values.
+        set -- "$@" --expect-explain
+        for f in "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json" "/e2e/scenarios/$s.expected.json"; do
+            if [ -f "$f" ]; then set -- "$@" --expect "$f"; break; fi
+        done
     fi
     if [ "$E2E_PLUGIN" = none ]; then
         /e2e/bin/cri-client "$@" || rc=1
