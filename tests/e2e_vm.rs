@@ -9,7 +9,7 @@
 //! scenario is followed by `nri-qos audit` inside the VM.
 //!
 //! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, overrides the per-version mode),
-//! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,memoryqos,kubelet),
+//! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,memoryqos,kubelet,pagecache,eviction),
 //! `NRI_QOS_E2E_TIMING_PODS` (default 1).
 
 use std::io::Write;
@@ -33,8 +33,8 @@ fn run_e2e(containerd: &str, default_plugin: &str) {
     let _vm = VM.lock().unwrap_or_else(|e| e.into_inner());
     let plugin = std::env::var("NRI_QOS_E2E_PLUGIN").unwrap_or_else(|_| default_plugin.into());
     let resilience = if plugin == "external" { "1" } else { "0" };
-    let scenarios =
-        std::env::var("NRI_QOS_E2E_SCENARIOS").unwrap_or_else(|_| "basic,memoryqos,kubelet".into());
+    let scenarios = std::env::var("NRI_QOS_E2E_SCENARIOS")
+        .unwrap_or_else(|_| "basic,memoryqos,kubelet,pagecache,eviction".into());
     // One timing pod keeps the suite well inside CI's budget on a busy machine.
     let timing_pods = std::env::var("NRI_QOS_E2E_TIMING_PODS").unwrap_or_else(|_| "1".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/run.sh");

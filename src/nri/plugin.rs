@@ -602,7 +602,11 @@ impl Plugin for QosPlugin {
         _ctx: &TtrpcContext,
         req: api::StopContainerRequest,
     ) -> ttrpc::Result<api::StopContainerResponse> {
-        debug!(container = %req.container.id, "container stopping");
+        // A stopped container holds no memory: its protection leaves the
+        // pod and QoS cgroups (the keeper lowers them on the change). The
+        // runtime reports exits of killed containers here too.
+        debug!(container = %req.container.id, "container stopped; forgetting its protection");
+        self.forget_container(&req.container.id);
         Ok(api::StopContainerResponse::new())
     }
 

@@ -179,6 +179,12 @@ pub struct MonitorConfig {
     pub check_interval: HumanDuration,
     /// Check rate while under pressure or while a kill is in flight.
     pub pressure_interval: HumanDuration,
+    /// How fast the node's memory could fill (bytes per second). While calm,
+    /// the next check comes after at most (available − threshold) / this,
+    /// between pressure-interval and check-interval: PSI barely moves while
+    /// anonymous memory fills a node without swap, so near the threshold
+    /// only a check catches it before the kernel OOM killer does.
+    pub max_fill_rate: Quantity,
     /// PSI triggers ("some|full <stall_us> <window_us>"), one fd each.
     pub psi_triggers: Vec<String>,
     /// Arm the triggers on /proc/pressure/memory.
@@ -190,6 +196,9 @@ pub struct MonitorConfig {
     /// Also apply the thresholds to kubepods memory.max − kubepods working set
     /// (the kubelet's allocatableMemory.available).
     pub allocatable_signal: bool,
+    /// Also apply the thresholds to the kernel's MemAvailable, which counts
+    /// the kernel memory the kubelet's formula leaves out.
+    pub mem_available_signal: bool,
     /// Pods in these namespaces are never killed.
     pub critical_namespaces: Vec<String>,
     /// Pods with priority >= this are never killed (kubelet: 2000000000).
@@ -225,11 +234,13 @@ impl Default for MonitorConfig {
             kill_wait: ms(500),
             check_interval: ms(5000),
             pressure_interval: ms(100),
+            max_fill_rate: Quantity::Bytes(6000 << 20),
             psi_triggers: vec!["full 100000 1000000".into(), "some 300000 1000000".into()],
             psi_node: true,
             psi_kubepods: true,
             kubepods: "auto".into(),
             allocatable_signal: true,
+            mem_available_signal: true,
             critical_namespaces: vec!["kube-system".into()],
             critical_priority: 2_000_000_000,
             require_pod_info: false,
@@ -278,6 +289,9 @@ impl MonitorConfig {
         }
         if self.pressure_interval.0.is_zero() || self.check_interval.0.is_zero() {
             return err("check-interval and pressure-interval must be > 0".into());
+        }
+        if self.max_fill_rate.resolve(1 << 30) == 0 {
+            return err("max-fill-rate must be > 0".into());
         }
         if self.kubepods.trim().is_empty() {
             return err("kubepods must be \"auto\" or a path".into());

@@ -19,28 +19,46 @@ pub struct NodeMemory {
     /// kubepods memory.max − kubepods working set (the kubelet's
     /// `allocatableMemory.available`), when kubepods has a numeric limit.
     pub allocatable_available: Option<u64>,
+    /// The kernel's own estimate, `MemAvailable` of /proc/meminfo, when it
+    /// is a signal. Unlike the kubelet's formula it counts kernel memory
+    /// (slab, page tables, stacks) and unreclaimable page cache as used.
+    pub mem_available: Option<u64>,
 }
 
 impl NodeMemory {
-    /// The signal the thresholds apply to: the smaller of the two. The kubelet
+    /// The signal the thresholds apply to: the smallest of them. The kubelet
     /// copies the hard memory.available threshold onto allocatable too.
     pub fn effective_available(&self) -> u64 {
-        self.allocatable_available
-            .map_or(self.available, |a| a.min(self.available))
+        [self.allocatable_available, self.mem_available]
+            .into_iter()
+            .flatten()
+            .fold(self.available, u64::min)
     }
 
     /// Name of the signal `effective_available` came from, for logs.
     pub fn signal(&self) -> &'static str {
-        match self.allocatable_available {
-            Some(a) if a < self.available => "allocatableMemory.available",
-            _ => "memory.available",
+        let eff = self.effective_available();
+        if eff == self.available {
+            "memory.available"
+        } else if Some(eff) == self.allocatable_available {
+            "allocatableMemory.available"
+        } else {
+            "MemAvailable"
         }
     }
 }
 
-/// `measure_node` plus the allocatable signal of the kubepods cgroup.
-pub fn measure(paths: &Paths, kubepods: Option<&Path>) -> Result<NodeMemory, MonitorError> {
+/// `measure_node` plus the allocatable signal of the kubepods cgroup and,
+/// with `mem_available`, the kernel's MemAvailable.
+pub fn measure(
+    paths: &Paths,
+    kubepods: Option<&Path>,
+    mem_available: bool,
+) -> Result<NodeMemory, MonitorError> {
     let mut n = measure_node(paths)?;
+    if !mem_available {
+        n.mem_available = None;
+    }
     n.allocatable_available = kubepods.and_then(|kp| {
         let max = stat::read_single(&kp.join("memory.max")).ok().flatten()?;
         let ws = cgroup_working_set(kp).ok()?;
@@ -86,6 +104,7 @@ pub fn measure_node(paths: &Paths) -> Result<NodeMemory, MonitorError> {
         available: capacity.saturating_sub(working_set),
         source,
         allocatable_available: None,
+        mem_available: mi.get("MemAvailable").copied(),
     })
 }
 
@@ -101,6 +120,43 @@ pub fn cgroup_working_set(cg: &Path) -> Result<u64, MonitorError> {
         current,
         st.get("inactive_file").copied().unwrap_or(0),
     ))
+}
+
+/// Free swap in bytes (`SwapFree` of meminfo; 0 when unknown).
+pub fn swap_free(paths: &Paths) -> u64 {
+    stat::read(&paths.meminfo())
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                let kb: u64 = l
+                    .strip_prefix("SwapFree:")?
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse()
+                    .ok()?;
+                kb.checked_mul(1024)
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// What `memory.reclaim` can take from a cgroup: its page cache except
+/// shmem, plus anon and shmem while swap has room. Asking for more makes
+/// the kernel scan in vain, and a monitor blocked in that write for a second
+/// lets the kernel OOM killer win the race (seen in the VM).
+pub fn reclaimable(cg: &Path, swap_free: u64) -> u64 {
+    let Ok(st) = stat::read_flat_keyed(&cg.join("memory.stat")) else {
+        return 0;
+    };
+    let get = |k: &str| st.get(k).copied().unwrap_or(0);
+    let shmem = get("shmem");
+    let cache = get("file").saturating_sub(shmem);
+    if swap_free > 0 {
+        cache + (get("anon") + shmem).min(swap_free)
+    } else {
+        cache
+    }
 }
 
 fn read_u64_or_zero(path: &Path) -> u64 {

@@ -168,6 +168,9 @@ struct Victim {
     since: Duration,
 }
 
+/// Below this a pod is not worth a memory.reclaim write.
+const MIN_RECLAIM: u64 = 1 << 20;
+
 /// Bound on pods considered per scan (bounded memory and time).
 const MAX_PODS: usize = 4096;
 
@@ -247,6 +250,7 @@ impl Monitor {
         measure(
             &self.paths,
             kp.as_deref().filter(|_| self.cfg.allocatable_signal),
+            self.cfg.mem_available_signal,
         )
     }
 
@@ -419,9 +423,23 @@ impl Monitor {
         }
         let following_psi = self.fast_until.is_some_and(|t| now < t);
         if !self.decider.busy() && !following_psi {
-            report.next_check = self.cfg.check_interval.0;
+            report.next_check = self.calm_interval(&report);
         }
         report
+    }
+
+    /// While calm: sooner the closer memory.available is to the first
+    /// threshold we act on, as earlyoom does (headroom / max fill rate).
+    fn calm_interval(&self, report: &StepReport) -> Duration {
+        let (slow, fast) = (self.cfg.check_interval.0, self.cfg.pressure_interval.0);
+        let (Some(node), Some(v)) = (report.node, report.verdict) else {
+            return slow;
+        };
+        let rate = self.cfg.max_fill_rate.resolve(node.capacity).max(1);
+        let headroom = node
+            .effective_available()
+            .saturating_sub(v.soft.max(v.hard));
+        Duration::from_secs_f64(headroom as f64 / rate as f64).clamp(fast.min(slow), slow)
     }
 
     fn ranking_brief(cands: &[Candidate], ranking: &Ranking) -> String {
@@ -452,6 +470,7 @@ impl Monitor {
             signal = node.signal(),
             node_available = node.available,
             allocatable_available = ?node.allocatable_available,
+            mem_available = ?node.mem_available,
             capacity = node.capacity,
             working_set = node.working_set,
             ws_source = node.source,
@@ -487,16 +506,23 @@ impl Monitor {
             .map(|&i| &cands[i])
             .collect();
         let each = deficit.div_ceil(top.len() as u64).max(4096);
+        let swap = measure::swap_free(&self.paths);
         for c in top {
+            let can = measure::reclaimable(&c.path, swap);
+            let bytes = each.min(can);
+            if bytes < MIN_RECLAIM {
+                tracing::debug!(pod = %c.uid, reclaimable = can, swap_free = swap, "nothing to reclaim from this pod");
+                continue;
+            }
             report.reclaimed.push(c.uid.clone());
             if self.cfg.dry_run {
-                tracing::info!(pod = %c.uid, bytes = each, "dry-run: would write memory.reclaim");
+                tracing::info!(pod = %c.uid, bytes, "dry-run: would write memory.reclaim");
                 continue;
             }
             let t = Instant::now();
-            match act::reclaim(&c.path, each) {
+            match act::reclaim(&c.path, bytes) {
                 Ok(outcome) => {
-                    tracing::info!(pod = %c.uid, bytes = each, ?outcome, took_us = t.elapsed().as_micros() as u64, "memory.reclaim")
+                    tracing::info!(pod = %c.uid, bytes, reclaimable = can, ?outcome, took_us = t.elapsed().as_micros() as u64, "memory.reclaim")
                 }
                 Err(e) => tracing::warn!(pod = %c.uid, error = %e, "memory.reclaim failed"),
             }

@@ -106,7 +106,7 @@ impl Fake {
     /// inactive file cache that must not count.
     fn pod(&self, uid: &str, class: QosClass, ws: u64, request: u64, app_comm: &str) -> PathBuf {
         let p = self.pod_path(uid, class);
-        let cache = 10 * MI;
+        let cache = 64 * MI;
         w(&p.join("memory.current"), &format!("{}\n", ws + cache));
         w(
             &p.join("memory.stat"),
@@ -222,10 +222,33 @@ fn pressure_single_pod_at_own_limit_evicts_nothing() {
     assert!(ops.killed.lock().unwrap().is_empty());
     // Fast checks for one trigger window after a PSI wake, then the slow tick.
     assert_eq!(m.step(&psi_wake(), ms(20_000)).next_check, ms(100));
-    assert_eq!(
-        r_next(&mut m, ms(30_000)),
-        MonitorConfig::default().check_interval.0
-    );
+    // 12Gi free minus the 300Mi soft threshold, at 6000Mi/s: just under 2 s.
+    let next = r_next(&mut m, ms(30_000));
+    assert!(next > ms(1900) && next < ms(2100), "{next:?}");
+}
+
+/// While calm the next check comes sooner the closer memory.available is
+/// to the soft threshold (earlyoom's rule): anonymous memory can fill a
+/// node without swap before PSI says anything.
+#[test]
+fn pressure_calm_checks_come_sooner_near_the_threshold() {
+    let f = Fake::new(Driver::Cgroupfs);
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), SharedRegistry::default());
+    let cfg = MonitorConfig::default();
+    // 12Gi free: clamped to the slow check.
+    f.node_ws(4 * GI);
+    let slow = MonitorConfig {
+        max_fill_rate: "1Gi".parse().unwrap(),
+        ..MonitorConfig::default()
+    };
+    let (mut m_slow_rate, _) = monitor(&f, slow, SharedRegistry::default());
+    assert_eq!(r_next(&mut m_slow_rate, ms(0)), cfg.check_interval.0);
+    // 900Mi above the 300Mi soft threshold at 6000Mi/s: 150 ms.
+    f.node_ws(TOTAL - 1200 * MI);
+    assert_eq!(r_next(&mut m, ms(0)), ms(150));
+    // Right at the threshold's edge: never faster than pressure-interval.
+    f.node_ws(TOTAL - 310 * MI);
+    assert_eq!(r_next(&mut m, ms(0)), cfg.pressure_interval.0);
 }
 
 fn r_next(m: &mut Monitor, now: Duration) -> Duration {
@@ -392,6 +415,52 @@ fn pressure_soft_reclaims_lowers_besteffort_high_then_restores() {
     );
     m.step(&Wake::Tick, ms(10_500));
     assert_eq!(fs::read_to_string(be.join("memory.high")).unwrap(), "max");
+    assert_eq!(
+        fs::read_to_string(be.join("memory.reclaim")).unwrap(),
+        (38 * MI).to_string()
+    );
+}
+
+/// Without swap only page cache can be reclaimed: a pod of anonymous memory
+/// gets no memory.reclaim (the write would block the monitor in vain).
+#[test]
+fn pressure_reclaim_asks_only_for_what_can_be_reclaimed() {
+    let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Cgroupfs);
+    w(
+        &be.join("memory.stat"),
+        "anon 314572800
+file 0
+inactive_file 0
+",
+    );
+    w(
+        &b_over.join("memory.stat"),
+        "anon 943718400
+file 20971520
+shmem 16777216
+inactive_file 4194304
+",
+    );
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    f.node_ws(TOTAL - 250 * MI);
+    let r = m.step(&Wake::Tick, ms(0));
+    assert!(!r.reclaimed.contains(&"be-1".to_string()), "{r:?}");
+    assert_eq!(fs::read_to_string(be.join("memory.reclaim")).unwrap(), "");
+    // 20Mi of page cache of which 16Mi is shmem: 4Mi.
+    assert_eq!(
+        fs::read_to_string(b_over.join("memory.reclaim")).unwrap(),
+        (4 * MI).to_string()
+    );
+    // With swap, anon counts too.
+    let text = fs::read_to_string(f.paths.meminfo()).unwrap();
+    w(
+        &f.paths.meminfo(),
+        &format!(
+            "{text}SwapFree: 1048576 kB
+"
+        ),
+    );
+    m.step(&Wake::Tick, ms(2000));
     assert_eq!(
         fs::read_to_string(be.join("memory.reclaim")).unwrap(),
         (38 * MI).to_string()
@@ -625,7 +694,7 @@ fn pressure_allocatable_signal_from_kubepods_limit() {
         &f.kp.join("memory.stat"),
         &format!("anon 1\ninactive_file {}\n", 20 * MI),
     );
-    let n = measure(&f.paths, Some(&f.kp)).unwrap();
+    let n = measure(&f.paths, Some(&f.kp), true).unwrap();
     assert_eq!(
         (n.available, n.allocatable_available),
         (12 * GI, Some(50 * MI))
@@ -641,6 +710,40 @@ fn pressure_allocatable_signal_from_kubepods_limit() {
     };
     let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
     assert_eq!(m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan, Plan::Calm);
+}
+
+/// The kubelet's memory.available leaves kernel memory out; the kernel's
+/// MemAvailable does not. When it is lower, it is the signal.
+#[test]
+fn pressure_mem_available_signal_counts_kernel_memory() {
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Cgroupfs);
+    // 400Mi free by the kubelet's formula, but 200Mi of slab and page
+    // tables leave the kernel 80Mi: below the hard threshold.
+    f.node_ws(TOTAL - 400 * MI);
+    let text = fs::read_to_string(f.paths.meminfo()).unwrap();
+    let text = text.replace(
+        &format!("MemAvailable: {} kB", 400 * MI / 1024),
+        &format!("MemAvailable: {} kB", 80 * MI / 1024),
+    );
+    w(&f.paths.meminfo(), &text);
+    let n = measure(&f.paths, None, true).unwrap();
+    assert_eq!((n.available, n.effective_available()), (400 * MI, 80 * MI));
+    assert_eq!(n.signal(), "MemAvailable");
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    assert_eq!(m.step(&Wake::Tick, ms(0)).killed.as_deref(), Some("b-over"));
+    assert!(killed(&b_over));
+    let cfg = MonitorConfig {
+        mem_available_signal: false,
+        ..MonitorConfig::default()
+    };
+    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    assert_ne!(
+        m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan,
+        Plan::Evict {
+            reason: decide::Reason::Hard,
+            deficit: 24 * MI
+        }
+    );
 }
 
 #[test]

@@ -20,7 +20,7 @@ VM_MEM="${E2E_VM_MEM:-2048}"
 VM_CPUS="${E2E_VM_CPUS:-2}"
 
 versions=(1.7 2.1)
-scenarios=(basic memoryqos kubelet)
+scenarios=(basic memoryqos kubelet pagecache eviction)
 plugin=none
 timing_pods=3
 
@@ -88,13 +88,21 @@ if [ "$plugin" != none ]; then
     log "plugin: $NRI_QOS ($plugin)"
 fi
 
+# memhog (examples/memhog.rs), linked statically so it runs in the busybox image.
+log "building the static memhog example"
+(cd "$ROOT" && cargo rustc --quiet --example memhog -- -C target-feature=+crt-static)
+mkdir -p "$WORK"
+# cargo test rebuilds it dynamically in place: keep our own copy.
+cmp -s "$TARGET/debug/examples/memhog" "$WORK/memhog" || cp "$TARGET/debug/examples/memhog" "$WORK/memhog"
+
 # --- image: an OCI layout tar with one busybox layer ----------------------------
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 build_image() {
     local out="$WORK/images/busybox.tar" d="$WORK/image"
-    [ -s "$out" ] && [ "$out" -nt "$BUSYBOX" ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && return
+    [ -s "$out" ] && [ "$out" -nt "$BUSYBOX" ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && [ "$out" -nt "$WORK/memhog" ] && return
     rm -rf "$d" && mkdir -p "$d/layer/bin" "$d/oci/blobs/sha256" "$WORK/images"
     cp "$BUSYBOX" "$d/layer/bin/busybox"
+    cp "$WORK/memhog" "$d/layer/bin/memhog"
     for a in sh sleep cat ls true dd sync; do ln -s busybox "$d/layer/bin/$a"; done
     tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$d/layer" -cf "$d/layer.tar" .
     local layer lsize config csize manifest msize
@@ -243,7 +251,7 @@ build_initramfs() {
         echo "E2E_VERBOSE=${E2E_VERBOSE:-0}"
         # scenarios that need reclaimable page cache get /data on a real
         # (ext2 on loop) filesystem
-        if (cd "$HERE/scenarios" && grep -l '"reclaim"' "${scenarios[@]/%/.json}" >/dev/null 2>&1); then
+        if (cd "$HERE/scenarios" && grep -lE '"(reclaim|sparse_files|files)"' "${scenarios[@]/%/.json}" >/dev/null 2>&1); then
             echo "E2E_DISK=1"
         fi
     } >"$r/e2e/env"

@@ -250,6 +250,8 @@ pub struct ContainerStatus {
     pub metadata: Option<ContainerMetadata>,
     #[prost(int32, tag = "3")]
     pub state: i32,
+    #[prost(int64, tag = "6")]
+    pub finished_at: i64,
     #[prost(int32, tag = "7")]
     pub exit_code: i32,
     #[prost(string, tag = "10")]

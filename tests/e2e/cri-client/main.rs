@@ -10,6 +10,7 @@
 
 mod cri;
 mod manifest;
+mod steps;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -142,6 +143,9 @@ struct ContainerSpec {
     /// an init container: runs to completion before the next one starts
     #[serde(skip)]
     run_to_completion: bool,
+    /// not started with its pod but by a `start` step
+    #[serde(default)]
+    deferred: bool,
 }
 
 impl Default for ContainerSpec {
@@ -158,6 +162,7 @@ impl Default for ContainerSpec {
             expect: BTreeMap::new(),
             expect_updated: BTreeMap::new(),
             run_to_completion: false,
+            deferred: false,
         }
     }
 }
@@ -225,10 +230,22 @@ struct Scenario {
     /// dropped from the page cache so that the containers reading them are charged
     #[serde(default)]
     files: BTreeMap<String, u64>,
+    /// like `files`, but sparse: reading them fills the page cache without
+    /// the (RAM-backed) disk holding any data
+    #[serde(default)]
+    sparse_files: BTreeMap<String, u64>,
+    /// what happens after every pod started (see steps.rs)
+    #[serde(default)]
+    steps: Vec<steps::Step>,
 }
 
-fn make_files(files: &BTreeMap<String, u64>) -> Result<()> {
+fn make_files(files: &BTreeMap<String, u64>, sparse: &BTreeMap<String, u64>) -> Result<()> {
     use std::io::Write as _;
+    for (path, size) in sparse {
+        std::fs::File::create(path)
+            .and_then(|f| f.set_len(*size))
+            .with_context(|| format!("creating sparse {path}"))?;
+    }
     if files.is_empty() {
         return Ok(());
     }
@@ -765,11 +782,14 @@ async fn run_scenario(
         }
     }
     let mut all_ok = precreate_cgroups(&scenario.cgroups);
-    if let Err(e) = make_files(&scenario.files) {
+    if let Err(e) = make_files(&scenario.files, &scenario.sparse_files) {
         all_ok &= check(&format!("{name}.files"), false, &format!("{e:#}"));
     }
     let mut started = Vec::new();
     let mut pids: BTreeMap<String, u32> = BTreeMap::new();
+    let mut ids: BTreeMap<String, String> = BTreeMap::new();
+    let mut sandboxes: BTreeMap<String, (String, PodSandboxConfig)> = BTreeMap::new();
+    let oom_kills_before = steps::kernel_oom_kills();
     for pod in &scenario.pods {
         let t0 = Instant::now();
         let cfg = sandbox_config(pod)?;
@@ -787,28 +807,13 @@ async fn run_scenario(
         started.push(Started {
             pod_id: pod_id.clone(),
         });
+        sandboxes.insert(pod.name.clone(), (pod_id.clone(), cfg.clone()));
         for c in &pod.containers {
             let key = format!("{}/{}", pod.name, c.name);
-            let res: Result<(String, u32)> = async {
-                let id = client
-                    .create_container(CreateContainerRequest {
-                        pod_sandbox_id: pod_id.clone(),
-                        config: Some(container_config(pod, c)?),
-                        sandbox_config: Some(cfg.clone()),
-                    })
-                    .await?;
-                client.start_container(&id).await?;
-                if c.run_to_completion {
-                    wait_exited(client, &id).await?;
-                    return Ok((id, 0));
-                }
-                let (state, pid) = container_pid(client, &id).await?;
-                if state != cri::CONTAINER_RUNNING {
-                    bail!("container state {state} after start");
-                }
-                Ok((id, pid))
+            if c.deferred {
+                continue;
             }
-            .await;
+            let res = create_and_start(client, pod, c, &pod_id, &cfg).await;
             let (id, pid) = match res {
                 Ok(x) => x,
                 Err(e) => {
@@ -833,6 +838,7 @@ async fn run_scenario(
                 &format!("pid={pid} after {} ms", t0.elapsed().as_millis()),
             );
             pids.insert(key.clone(), pid);
+            ids.insert(key.clone(), id.clone());
             all_ok &= report_and_check(
                 &name,
                 pod,
@@ -856,6 +862,20 @@ async fn run_scenario(
                     }
                 }
             }
+        }
+    }
+    if !scenario.steps.is_empty() {
+        let mut ctx = steps::Context {
+            client,
+            pods: &scenario.pods,
+            sandboxes: &sandboxes,
+            ids: &mut ids,
+            pids: &mut pids,
+            oom_kills_before,
+            finished: BTreeMap::new(),
+        };
+        for step in &scenario.steps {
+            all_ok &= ctx.run(step).await?;
         }
     }
     if let Some(r) = &scenario.reclaim {
@@ -884,6 +904,34 @@ async fn run_scenario(
         );
     }
     Ok(all_ok)
+}
+
+/// CreateContainer + StartContainer; the pid of a running container, 0 for
+/// an init container that ran to completion.
+async fn create_and_start(
+    client: &mut RuntimeClient,
+    pod: &PodSpec,
+    c: &ContainerSpec,
+    pod_id: &str,
+    cfg: &PodSandboxConfig,
+) -> Result<(String, u32)> {
+    let id = client
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod_id.to_string(),
+            config: Some(container_config(pod, c)?),
+            sandbox_config: Some(cfg.clone()),
+        })
+        .await?;
+    client.start_container(&id).await?;
+    if c.run_to_completion {
+        wait_exited(client, &id).await?;
+        return Ok((id, 0));
+    }
+    let (state, pid) = container_pid(client, &id).await?;
+    if state != cri::CONTAINER_RUNNING {
+        bail!("container state {state} after start");
+    }
+    Ok((id, pid))
 }
 
 /// Waits for an init container to exit 0, as the kubelet does before it

@@ -40,14 +40,18 @@ check vm.cgroup2 "$([ -f /sys/fs/cgroup/cgroup.subtree_control ] && echo PASS ||
 check vm.psi "$([ -f /sys/fs/cgroup/memory.pressure ] || [ -f /proc/pressure/memory ] && echo PASS || echo FAIL)" ""
 info "MemTotal $(awk '/MemTotal/ {print $2}' /proc/meminfo) kB"
 
+if [ "$E2E_PLUGIN" != none ]; then
+    # Both modes read /etc/nri-qos/nri-qos.toml. The runtime discards a
+    # pre-launched plugin's stderr and there is no journal here: log to a file.
+    # The memory-pressure monitor runs in the plugin process, fed its pods.
+    mkdir -p /etc/nri-qos
+    printf '[plugin]\nlog-file = "/var/log/nri-qos.log"\nlog-level = "nri_qos=debug"\nwith-monitor = true\n' >/etc/nri-qos/nri-qos.toml
+fi
 case "$E2E_PLUGIN" in
 prelaunched)
-    mkdir -p /opt/nri/plugins /etc/nri-qos
+    mkdir -p /opt/nri/plugins
     cp /e2e/bin/nri-qos /opt/nri/plugins/10-nri-qos
     chmod 755 /opt/nri/plugins/10-nri-qos
-    # The runtime discards a pre-launched plugin's stderr and there is no
-    # journal here: have it log to a file we can show.
-    printf '[plugin]\nlog-file = "/var/log/nri-qos.log"\nlog-level = "nri_qos=debug"\n' >/etc/nri-qos/nri-qos.toml
     ;;
 esac
 
@@ -131,7 +135,7 @@ external)
         # Startup overhead: the same N pods without, then with the plugin, one VM.
         /e2e/bin/cri-client timing --pods "$E2E_OVERHEAD_PODS" | tee /tmp/timing-without.out
     fi
-    /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock >/var/log/nri-qos.log 2>&1 &
+    /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock 2>/dev/null &
     plugin_pid=$!
     sleep 2
     if [ "${E2E_OVERHEAD_PODS:-0}" -gt 0 ]; then
@@ -161,8 +165,17 @@ prelaunched)
     ;;
 esac
 
+# What the pressure monitor did since log line $1: one E2E-INFO line per
+# decision, kill and emptied cgroup.
+monitor_actions() {
+    [ -f /var/log/nri-qos.log ] || return 0
+    tail -n +"$1" /var/log/nri-qos.log | grep -E 'memory pressure decision|memory.reclaim|killing pod|killed pod|cgroup is empty|recheck' |
+        sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^/E2E-INFO monitor: /' | cut -c1-400
+}
+
 for s in $E2E_SCENARIOS; do
     info "scenario $s: start"
+    log_from=$(( $(wc -l </var/log/nri-qos.log 2>/dev/null || echo 0) + 1 ))
     set -- run "/e2e/scenarios/$s.json"
     if [ "$E2E_PLUGIN" = none ]; then
         # Without a plugin the runtime must apply the CRI request unchanged.
@@ -182,6 +195,7 @@ for s in $E2E_SCENARIOS; do
         /e2e/bin/cri-client "$@" --keep || rc=1
         audit "$s"
         /e2e/bin/cri-client cleanup || rc=1
+        monitor_actions "$log_from"
     fi
     info "scenario $s: end"
 done
@@ -200,7 +214,7 @@ if [ "$E2E_PLUGIN" = external ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ -n "$plug
     else
         check resilience.pods_without_plugin PASS "pods started with the runtime's own values"
     fi
-    /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock >>/var/log/nri-qos.log 2>&1 &
+    /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock 2>/dev/null &
     plugin_pid=$!
     sleep 3
     # adjust-existing: the new session's Synchronize updates the running containers.
