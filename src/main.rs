@@ -402,8 +402,13 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
                 plugin.subscribe_changes(),
                 std::time::Duration::from_secs(cfg.hierarchy.resync_seconds.max(1)),
             ));
-        } else if cfg.hierarchy.enabled && !node.cgroup_v2 {
-            tracing::info!("cgroup v1 node: no memory.min/memory.low, hierarchy keeper off");
+        }
+        if !node.cgroup_v2 {
+            tracing::warn!(
+                cgroup_root = %cfg.node.cgroup_root.display(),
+                "cgroup v1 node: cpu.weight and memory.min/low/high are skipped (runc rejects unified keys there), \
+                 the hierarchy keeper is off; CPU clamps and oom_score_adj still apply"
+            );
         }
         if cfg.plugin.with_monitor {
             let pods = Arc::new(nri_qos::pressure::SharedRegistry::default());

@@ -230,22 +230,22 @@ impl QosPlugin {
     }
 
     /// Applies the config text the runtime sends in Configure (the plugin's
-    /// drop-in file for pre-launched plugins). Invalid text keeps what we have.
+    /// drop-in file for pre-launched plugins) as one more layer: only the
+    /// `[policy]` keys and `plugin.dry-run` it sets replace what we started
+    /// with (defaults, file, environment, flags). Invalid text keeps what we have.
     pub fn apply_runtime_config(&self, text: &str) {
         if text.trim().is_empty() {
             return;
         }
-        match crate::config::Config::from_toml(
-            text,
-            std::path::Path::new("<runtime drop-in config>"),
-        ) {
-            Ok(cfg) => {
+        let base = self.settings.policy.clone();
+        match layer_drop_in(&base, self.settings.dry_run, text) {
+            Ok((policy, dry_run)) => {
                 let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
-                live.policy = Arc::new(cfg.policy);
-                live.dry_run = cfg.plugin.dry_run;
+                live.policy = Arc::new(policy);
+                live.dry_run = dry_run;
                 info!(
                     dry_run = live.dry_run,
-                    "policy taken from the runtime's drop-in config"
+                    "runtime's drop-in config applied over the plugin's own"
                 );
             }
             Err(e) => {
@@ -286,6 +286,8 @@ impl QosPlugin {
             class = ?decision.class,
             reason = %decision.reason,
             memory_request = ?decision.memory_request,
+            request_source = ?decision.request_source,
+            cpu_request_milli = decision.cpu_request_milli,
             adjustment = ?decision.adjustment,
             took_us = started.elapsed().as_micros() as u64,
             "policy decision"
@@ -433,6 +435,33 @@ impl QosPlugin {
         );
         updates
     }
+}
+
+/// `base` with the drop-in's `[policy]` keys and `plugin.dry-run` on top.
+/// The whole text is validated as a config file first (unknown keys and bad
+/// values are errors that name them).
+pub fn layer_drop_in(
+    base: &PolicyConfig,
+    base_dry_run: bool,
+    text: &str,
+) -> Result<(PolicyConfig, bool), String> {
+    let origin = std::path::Path::new("<runtime drop-in config>");
+    crate::config::Config::from_toml(text, origin).map_err(|e| e.to_string())?;
+    let overlay: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let mut policy = toml::Table::try_from(base).map_err(|e| e.to_string())?;
+    if let Some(toml::Value::Table(p)) = overlay.get("policy") {
+        policy.extend(p.clone());
+    }
+    let policy: PolicyConfig = toml::Value::Table(policy)
+        .try_into()
+        .map_err(|e: toml::de::Error| e.to_string())?;
+    policy.validate()?;
+    let dry_run = overlay
+        .get("plugin")
+        .and_then(|p| p.get("dry-run"))
+        .and_then(toml::Value::as_bool)
+        .unwrap_or(base_dry_run);
+    Ok((policy, dry_run))
 }
 
 /// A node-sized Synchronize decodes megabytes that are garbage right after;
@@ -704,6 +733,29 @@ impl Plugin for QosPlugin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drop_in_overrides_only_the_keys_it_sets() {
+        use crate::qos::{Reservation, WeightConversion};
+        let base = PolicyConfig {
+            memory_reservation: Reservation::Min,
+            memory_throttling_factor: 0.8,
+            ..Default::default()
+        };
+        let (p, dry) = layer_drop_in(&base, true, "[policy]\ncpu-weight = \"linear\"\n").unwrap();
+        assert_eq!(p.cpu_weight, WeightConversion::Linear);
+        assert_eq!(p.memory_reservation, Reservation::Min, "kept from the file");
+        assert_eq!(p.memory_throttling_factor, 0.8);
+        assert!(dry, "dry-run kept when the drop-in does not say");
+        let (_, dry) = layer_drop_in(&base, true, "[plugin]\ndry-run = false\n").unwrap();
+        assert!(!dry);
+        assert!(
+            layer_drop_in(&base, false, "[policy]\ncpu-wieght = \"linear\"\n")
+                .unwrap_err()
+                .contains("cpu-wieght")
+        );
+        assert!(layer_drop_in(&base, false, "[policy]\nmemory-throttling-factor = 7.0\n").is_err());
+    }
 
     #[test]
     fn event_mask_is_accepted_by_nri_v0_6_runtimes() {

@@ -623,6 +623,20 @@ mod tests {
         ] {
             assert!(v["containers"][0].get(key).is_some(), "missing {key}");
         }
+        assert_eq!(
+            v["cgroupParent"],
+            "/kubepods/pod00000000-0000-0000-0000-000000000000"
+        );
+        let k = &v["containers"][0]["kubelet"];
+        for (key, want) in [
+            ("cpuShares", json!(1024)),
+            ("cpuQuota", json!(100_000)),
+            ("cpuPeriod", json!(100_000)),
+            ("memoryLimit", json!(1u64 << 30)),
+            ("oomScoreAdj", json!(-997)),
+        ] {
+            assert_eq!(k[key], want, "kubelet.{key}");
+        }
         assert!(render_table(&r).contains("Guaranteed"));
     }
 }

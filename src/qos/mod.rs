@@ -119,6 +119,9 @@ pub struct Decision {
     pub memory_request: Option<u64>,
     /// Where the memory request came from.
     pub request_source: RequestSource,
+    /// CPU request in millicores, recovered from the shares the kubelet
+    /// sent (`shares × 1000 / 1024`, truncated; 0 for the 2-share minimum).
+    pub cpu_request_milli: u64,
     pub adjustment: Adjustment,
     /// Things worth a log line (fallbacks taken, values clamped).
     pub notes: Vec<String>,
