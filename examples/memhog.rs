@@ -2,7 +2,7 @@
 //! tests/e2e/pressure/ to create memory pressure inside a VM.
 //!
 //! Usage: memhog <MiB> [rate MiB/s, 0 = as fast as possible] [hold seconds]
-//! Prints one line per 64 MiB: `memhog <epoch_ms> <MiB touched>`, so a
+//! Prints one line per 16 MiB: `memhog <epoch_ms> <MiB touched>`, so a
 //! harness can line the ramp up with the monitor's log.
 //! Build static-ish: `cargo build --release --example memhog`
 //! (`RUSTFLAGS='-C target-feature=+crt-static' --target x86_64-unknown-linux-gnu`
@@ -51,7 +51,7 @@ fn main() {
         }
         chunks.push(chunk);
         let done = i + 1;
-        if done % 64 == 0 || done == total {
+        if done % 16 == 0 || done == total {
             let _ = writeln!(out.lock(), "memhog {} {done}", epoch_ms());
         }
         if rate > 0 {

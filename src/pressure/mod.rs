@@ -203,6 +203,11 @@ pub struct Monitor {
     fast_until: Option<Duration>,
     /// Prometheus counters and gauges, when the endpoint is on.
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// While calm, the next full measurement (cgroup stats, ranking inputs);
+    /// ticks before it only read MemAvailable.
+    next_full: Duration,
+    /// MemTotal as last measured (thresholds may be percentages of it).
+    capacity: u64,
 }
 
 impl Monitor {
@@ -242,7 +247,55 @@ impl Monitor {
             stuck: std::collections::HashSet::new(),
             last_psi_note: None,
             step_started: Instant::now(),
+            next_full: Duration::ZERO,
+            capacity: 0,
         }
+    }
+
+    /// A tick between full steps while calm needs only the quick check;
+    /// `Some(next)` when that was enough. Cheap enough to run on the async
+    /// loop without a trip to the blocking pool.
+    pub fn quick(&self, wake: &Wake, now: Duration) -> Option<Duration> {
+        let calm = self.victim.is_none()
+            && !self.decider.busy()
+            && self.fast_until.is_none_or(|t| now >= t);
+        if matches!(wake, Wake::Tick) && calm && now < self.next_full {
+            self.quick_check()
+        } else {
+            None
+        }
+    }
+
+    /// Between full steps while calm: one read of /proc/meminfo. Returns when
+    /// to look again, or `None` when MemAvailable is within one threshold of
+    /// the thresholds (or unreadable) and a full step should run now. This is
+    /// what keeps fast checks cheap: earlyoom's cadence at meminfo's cost.
+    fn quick_check(&self) -> Option<Duration> {
+        let text = stat::read(&self.paths.meminfo()).ok()?;
+        let kb: u64 = text.lines().find_map(|l| {
+            l.strip_prefix("MemAvailable:")?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()
+        })?;
+        let available = kb.checked_mul(1024)?;
+        let threshold = self
+            .cfg
+            .hard_threshold
+            .resolve(self.capacity)
+            .max(self.cfg.soft_threshold.resolve(self.capacity));
+        available.checked_sub(threshold.saturating_mul(2))?;
+        Some(self.interval_for(available - threshold))
+    }
+
+    /// Sooner the closer `headroom` bytes are to being used up at
+    /// `max-fill-rate`, between pressure-interval and check-interval.
+    fn interval_for(&self, headroom: u64) -> Duration {
+        let (slow, fast) = (self.cfg.check_interval.0, self.cfg.pressure_interval.0);
+        let rate = self.cfg.max_fill_rate.resolve(self.capacity).max(1);
+        Duration::from_secs_f64(headroom as f64 / rate as f64).clamp(fast.min(slow), slow)
     }
 
     fn measure(&self) -> Result<NodeMemory, MonitorError> {
@@ -367,6 +420,11 @@ impl Monitor {
             next_check: self.cfg.pressure_interval.0,
         };
 
+        if let Some(next) = self.quick(wake, now) {
+            report.next_check = next;
+            return report;
+        }
+
         if let Some(v) = &self.victim {
             if !act::populated(&v.path) {
                 tracing::info!(victim = %v.uid, took_ms = now.saturating_sub(v.since).as_millis() as u64, "victim pod cgroup is empty");
@@ -383,6 +441,7 @@ impl Monitor {
             }
         };
         report.node = Some(node);
+        self.capacity = node.capacity;
         let verdict = self
             .decider
             .observe(now, node.effective_available(), node.capacity);
@@ -424,6 +483,7 @@ impl Monitor {
         let following_psi = self.fast_until.is_some_and(|t| now < t);
         if !self.decider.busy() && !following_psi {
             report.next_check = self.calm_interval(&report);
+            self.next_full = now + self.cfg.check_interval.0;
         }
         report
     }
@@ -431,15 +491,13 @@ impl Monitor {
     /// While calm: sooner the closer memory.available is to the first
     /// threshold we act on, as earlyoom does (headroom / max fill rate).
     fn calm_interval(&self, report: &StepReport) -> Duration {
-        let (slow, fast) = (self.cfg.check_interval.0, self.cfg.pressure_interval.0);
         let (Some(node), Some(v)) = (report.node, report.verdict) else {
-            return slow;
+            return self.cfg.check_interval.0;
         };
-        let rate = self.cfg.max_fill_rate.resolve(node.capacity).max(1);
-        let headroom = node
-            .effective_available()
-            .saturating_sub(v.soft.max(v.hard));
-        Duration::from_secs_f64(headroom as f64 / rate as f64).clamp(fast.min(slow), slow)
+        self.interval_for(
+            node.effective_available()
+                .saturating_sub(v.soft.max(v.hard)),
+        )
     }
 
     fn ranking_brief(cands: &[Candidate], ranking: &Ranking) -> String {
@@ -868,6 +926,10 @@ async fn drive(
             }
         }
         let now = clock.now();
+        if let Some(quick) = monitor.quick(&wake, now) {
+            next = quick;
+            continue;
+        }
         let (m, report) = tokio::task::spawn_blocking(move || {
             let r = monitor.step(&wake, now);
             (monitor, r)

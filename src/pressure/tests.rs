@@ -230,6 +230,31 @@ fn pressure_single_pod_at_own_limit_evicts_nothing() {
 /// While calm the next check comes sooner the closer memory.available is
 /// to the soft threshold (earlyoom's rule): anonymous memory can fill a
 /// node without swap before PSI says anything.
+/// Between full steps a calm monitor reads only MemAvailable; it measures
+/// in full at check-interval or as soon as MemAvailable comes near a
+/// threshold.
+#[test]
+fn pressure_quick_checks_between_full_steps() {
+    let f = Fake::new(Driver::Cgroupfs);
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), SharedRegistry::default());
+    f.node_ws(TOTAL - 1200 * MI);
+    let r = m.step(&Wake::Tick, ms(0));
+    assert!(r.node.is_some(), "the first step measures in full");
+    assert_eq!(r.next_check, ms(150));
+    // 150 ms later: only meminfo was read.
+    let r = m.step(&Wake::Tick, ms(150));
+    assert!(r.node.is_none() && r.verdict.is_none(), "{r:?}");
+    assert_eq!(r.next_check, ms(150));
+    // MemAvailable within one threshold of the 300Mi soft one: full step now.
+    f.node_ws(TOTAL - 500 * MI);
+    let r = m.step(&Wake::Tick, ms(300));
+    assert!(r.node.is_some(), "{r:?}");
+    // Far from it again, but check-interval since the last full step passed.
+    f.node_ws(TOTAL - 1200 * MI);
+    assert!(m.step(&Wake::Tick, ms(400)).node.is_none());
+    assert!(m.step(&Wake::Tick, ms(5300)).node.is_some());
+}
+
 #[test]
 fn pressure_calm_checks_come_sooner_near_the_threshold() {
     let f = Fake::new(Driver::Cgroupfs);

@@ -5,6 +5,10 @@
 #
 #   tests/e2e/run.sh [--containerd 1.7|2.1|all] [--scenario NAME[,NAME...]]
 #                    [--plugin prelaunched|external|none] [--timing-pods N]
+#                    [--overhead-pods N]   (external plugin: N pods without and N
+#                                           with it, alternating rounds, one VM)
+#                    [--pressure-bench]    (no runtime: tests/e2e/pressure/run.sh
+#                                           measures `nri-qos monitor`)
 #
 # Exit status: 0 when every E2E-CHECK passed on every VM, non-zero otherwise.
 set -euo pipefail
@@ -23,9 +27,10 @@ versions=(1.7 2.1)
 scenarios=(basic memoryqos kubelet pagecache eviction)
 plugin=none
 timing_pods=3
+pressure_bench=0
 
 usage() {
-    sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -39,7 +44,7 @@ while [ $# -gt 0 ]; do
         esac
         shift 2 ;;
     --scenario)
-        IFS=, read -r -a scenarios <<<"${2:?--scenario needs a name}"
+        IFS=, read -r -a scenarios <<<"${2?--scenario needs a list (may be empty)}"
         shift 2 ;;
     --plugin)
         case "${2:-}" in
@@ -50,6 +55,13 @@ while [ $# -gt 0 ]; do
     --timing-pods)
         timing_pods="${2:?}"
         shift 2 ;;
+    --overhead-pods)
+        export E2E_OVERHEAD_PODS="${2:?}"
+        shift 2 ;;
+    --pressure-bench)
+        pressure_bench=1
+        scenarios=()
+        shift ;;
     -h | --help) usage 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; usage 2 ;;
     esac
@@ -73,7 +85,7 @@ log "building the CRI client example"
 CRI_CLIENT="$TARGET/debug/examples/cri-client"
 
 NRI_QOS=""
-if [ "$plugin" != none ]; then
+if [ "$plugin" != none ] || [ "$pressure_bench" = 1 ]; then
     NRI_QOS="${NRI_QOS_BIN:-}"
     if [ -z "$NRI_QOS" ]; then
         for c in "$TARGET/release/nri-qos" "$TARGET/debug/nri-qos"; do
@@ -85,7 +97,7 @@ if [ "$plugin" != none ]; then
         (cd "$ROOT" && cargo build --quiet --bin nri-qos)
         NRI_QOS="$TARGET/debug/nri-qos"
     fi
-    log "plugin: $NRI_QOS ($plugin)"
+    log "nri-qos: $NRI_QOS (plugin $plugin, pressure bench $pressure_bench)"
 fi
 
 # memhog (examples/memhog.rs), linked statically so it runs in the busybox image.
@@ -230,6 +242,8 @@ build_initramfs() {
     [ -z "$NRI_QOS" ] || cp "$NRI_QOS" "$r/e2e/bin/nri-qos"
     for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
+    cp "$WORK/memhog" "$r/e2e/bin/memhog"
+    cp "$HERE/pressure/run.sh" "$r/e2e/pressure.sh"
     cp "$CACHE/loop.ko" "$r/e2e/loop.ko"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
     cp -r "$HERE/scenarios/pods" "$r/e2e/scenarios/"
@@ -246,12 +260,17 @@ build_initramfs() {
         echo "E2E_PLUGIN=$plugin"
         echo "E2E_RESILIENCE=${E2E_RESILIENCE:-0}"
         echo "E2E_OVERHEAD_PODS=${E2E_OVERHEAD_PODS:-0}"
+        echo "E2E_OVERHEAD_ROUNDS=${E2E_OVERHEAD_ROUNDS:-4}"
         echo "E2E_SCENARIOS=\"${scenarios[*]}\""
         echo "E2E_TIMING_PODS=$timing_pods"
         echo "E2E_VERBOSE=${E2E_VERBOSE:-0}"
+        echo "E2E_PRESSURE_BENCH=$pressure_bench"
+        echo "E2E_BENCH_RUNS=${E2E_BENCH_RUNS:-10}"
+        echo "E2E_BENCH_IDLE_S=${E2E_BENCH_IDLE_S:-60}"
+        echo "E2E_BENCH_RATE=${E2E_BENCH_RATE:-256}"
         # scenarios that need reclaimable page cache get /data on a real
         # (ext2 on loop) filesystem
-        if (cd "$HERE/scenarios" && grep -lE '"(reclaim|sparse_files|files)"' "${scenarios[@]/%/.json}" >/dev/null 2>&1); then
+        if [ ${#scenarios[@]} -gt 0 ] && (cd "$HERE/scenarios" && grep -lE '"(reclaim|sparse_files|files)"' "${scenarios[@]/%/.json}" >/dev/null 2>&1); then
             echo "E2E_DISK=1"
         fi
     } >"$r/e2e/env"

@@ -87,6 +87,9 @@ enum Cmd {
         parent: String,
         #[arg(long, default_value = DEFAULT_IMAGE)]
         image: String,
+        /// tag for the E2E-TIMING line (e.g. "with" / "without" the plugin)
+        #[arg(long, default_value = "")]
+        label: String,
     },
 }
 
@@ -962,6 +965,7 @@ async fn timing(
     pods: usize,
     parent: &str,
     image: &str,
+    label: &str,
 ) -> Result<bool> {
     let mut per_pod = Vec::new();
     let mut ids = Vec::new();
@@ -1011,10 +1015,15 @@ async fn timing(
     let cleanup_ms = t1.elapsed().as_millis() as u64;
     println!(
         "E2E-TIMING {}",
-        json!({"pods": pods, "start_total_ms": start_ms, "per_pod_ms": per_pod, "cleanup_total_ms": cleanup_ms})
+        json!({"label": label, "pods": pods, "start_total_ms": start_ms, "per_pod_ms": per_pod, "cleanup_total_ms": cleanup_ms})
     );
+    let name = if label.is_empty() {
+        "timing".to_string()
+    } else {
+        format!("timing.{label}")
+    };
     Ok(check(
-        "timing",
+        &name,
         true,
         &format!("{pods} pods started in {start_ms} ms, removed in {cleanup_ms} ms"),
     ))
@@ -1082,7 +1091,8 @@ async fn main() -> Result<()> {
             pods,
             parent,
             image,
-        } => timing(&mut client, pods, &parent, &image).await?,
+            label,
+        } => timing(&mut client, pods, &parent, &image, &label).await?,
         Cmd::Cleanup => {
             let mut errors = Vec::new();
             for p in client.list_pod_sandboxes().await? {

@@ -40,6 +40,23 @@ check vm.cgroup2 "$([ -f /sys/fs/cgroup/cgroup.subtree_control ] && echo PASS ||
 check vm.psi "$([ -f /sys/fs/cgroup/memory.pressure ] || [ -f /proc/pressure/memory ] && echo PASS || echo FAIL)" ""
 info "MemTotal $(awk '/MemTotal/ {print $2}' /proc/meminfo) kB"
 
+if [ "${E2E_PRESSURE_BENCH:-0}" = 1 ]; then
+    # `nri-qos monitor` alone on hand-made pod cgroups (no runtime in the
+    # timing): raw results go to the console, the host computes the figures.
+    info "pressure bench: runs=$E2E_BENCH_RUNS idle=${E2E_BENCH_IDLE_S}s rate=${E2E_BENCH_RATE}MiB/s"
+    if RUNS=$E2E_BENCH_RUNS IDLE_S=$E2E_BENCH_IDLE_S RATE=$E2E_BENCH_RATE NRI_QOS=/e2e/bin/nri-qos \
+        MEMHOG=/e2e/bin/memhog sh /e2e/pressure.sh /tmp/bench 2>/tmp/bench.err; then
+        check pressure.bench PASS ""
+    else
+        check pressure.bench FAIL "$(tail -n 3 /tmp/bench.err | tr '\n' ' ')"
+    fi
+    sed 's/^/E2E-INFO /' /tmp/bench.err
+    for f in /tmp/bench/summary.txt /tmp/bench/monitor.log /tmp/bench/run*-hog.log; do
+        [ -f "$f" ] && sed "s#^#E2E-RAW ${f##*/} #" "$f"
+    done
+    finish 0
+fi
+
 if [ "$E2E_PLUGIN" != none ]; then
     # Both modes read /etc/nri-qos/nri-qos.toml. The runtime discards a
     # pre-launched plugin's stderr and there is no journal here: log to a file.
@@ -132,19 +149,26 @@ external)
         finish 1
     fi
     if [ "${E2E_OVERHEAD_PODS:-0}" -gt 0 ]; then
-        # Startup overhead: the same N pods without, then with the plugin, one VM.
-        /e2e/bin/cri-client timing --pods "$E2E_OVERHEAD_PODS" | tee /tmp/timing-without.out
+        # Startup overhead: the same pods without and with the plugin in one
+        # VM, in alternating rounds so warm-up and drift hit both alike.
+        rounds=${E2E_OVERHEAD_ROUNDS:-4}
+        per=$(( (E2E_OVERHEAD_PODS + rounds - 1) / rounds ))
+        r=1
+        while [ $r -le "$rounds" ]; do
+            /e2e/bin/cri-client timing --pods "$per" --label without
+            /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock 2>/dev/null &
+            bench_pid=$!
+            i=0
+            while ! grep -q 'synchronized with the runtime' /var/log/nri-qos.log 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+            /e2e/bin/cri-client timing --pods "$per" --label with
+            kill "$bench_pid"; wait "$bench_pid" 2>/dev/null
+            : >/var/log/nri-qos.log
+            r=$((r + 1))
+        done
     fi
     /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock 2>/dev/null &
     plugin_pid=$!
     sleep 2
-    if [ "${E2E_OVERHEAD_PODS:-0}" -gt 0 ]; then
-        /e2e/bin/cri-client timing --pods "$E2E_OVERHEAD_PODS" | tee /tmp/timing-with.out
-        ms() { sed -n 's/.*"start_total_ms":\([0-9]*\).*/\1/p' "$1" | head -n 1; }
-        a="$(ms /tmp/timing-without.out)"
-        b="$(ms /tmp/timing-with.out)"
-        info "overhead: $E2E_OVERHEAD_PODS pods started in ${a} ms without and ${b} ms with nri-qos ($(awk -v a="$a" -v b="$b" 'BEGIN { printf "%+.1f%%", (b - a) * 100 / a }'))"
-    fi
     if kill -0 "$plugin_pid" 2>/dev/null; then
         check plugin.external PASS "pid $plugin_pid running"
     else

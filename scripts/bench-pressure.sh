@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The node pressure monitor on a real kernel: boots the e2e VM (no runtime),
+# runs tests/e2e/pressure/run.sh with the release `nri-qos monitor` and
+# reports detection-to-kill latency, kill-to-free time, kernel OOM kills,
+# idle CPU and RSS.
+#
+#   scripts/bench-pressure.sh [--runs 10] [--rate 256] [--idle 60]
+#
+# rate: MiB/s the BestEffort hog allocates (each run ramps it past the
+# thresholds). Under qemu's software emulation the VM is ~10-50x slower than
+# hardware, so latencies here are upper bounds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=10 rate=256 idle=60
+while [ $# -gt 0 ]; do
+  case "$1" in
+  --runs) runs="$2"; shift 2 ;;
+  --rate) rate="$2"; shift 2 ;;
+  --idle) idle="$2"; shift 2 ;;
+  *) echo "usage: $0 [--runs N] [--rate MiB/s] [--idle s]" >&2; exit 2 ;;
+  esac
+done
+export E2E_WORK="${E2E_WORK:-$PWD/tests/e2e/work/bench}"
+export E2E_BENCH_RUNS="$runs" E2E_BENCH_RATE="$rate" E2E_BENCH_IDLE_S="$idle"
+export E2E_VM_TIMEOUT=$((300 + idle + runs * 60))
+mkdir -p "$E2E_WORK"
+bash tests/e2e/fetch.sh >&2
+cargo build --release --locked --bin nri-qos >&2
+NRI_QOS_BIN="$PWD/target/release/nri-qos" bash tests/e2e/run.sh --containerd 2.1 --pressure-bench >&2 || true
+python3 - "$E2E_WORK/console-2.1-none.log" <<'PY'
+import json, re, statistics, sys
+from datetime import datetime
+
+summary, monitor, hogs = {}, [], {}
+for line in open(sys.argv[1], errors="replace"):
+    if not line.startswith("E2E-RAW "):
+        continue
+    _, name, rest = line.rstrip("\n").split(" ", 2)
+    if name == "summary.txt":
+        k, _, v = rest.partition("=")
+        summary[k] = v
+    elif name == "monitor.log":
+        monitor.append(rest)
+    else:
+        hogs.setdefault(name, []).append(rest)
+if not summary:
+    sys.exit(f"bench-pressure: no results in {sys.argv[1]}")
+
+def ms(ts):  # RFC 3339 from tracing, UTC
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000
+
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+runs = len([k for k in summary if re.fullmatch(r"run\d+_kernel_oom_kills", k)])
+kill_at, wake_to_kill, met_to_kill, kill_to_empty, cross_to_kill = {}, [], [], [], []
+victims, oom = [], 0
+for raw in monitor:
+    try:
+        j = json.loads(raw)
+    except ValueError:
+        continue
+    f = j.get("fields", {})
+    msg, victim = f.get("message", ""), str(f.get("victim", ""))
+    # pods are named hog<run>, g<run>, b<run>: the first kill of a run counts
+    run = int(re.sub(r"\D", "", victim) or 0)
+    if msg == "killing pod" and run not in kill_at:
+        kill_at[run] = ms(j["timestamp"])
+        victims.append(victim)
+    elif msg == "killed pod" and run in kill_at and len(wake_to_kill) < len(kill_at):
+        wake_to_kill.append(f.get("wake_to_kill_us", 0) / 1000)
+        met_to_kill.append(f.get("met_to_kill_ms", 0))
+    elif msg == "victim pod cgroup is empty" and len(kill_to_empty) < len(kill_at):
+        kill_to_empty.append(f.get("took_ms", 0))
+victims_ok = sum(v.startswith("hog") for v in victims)
+for r in range(1, runs + 1):
+    oom += int(summary.get(f"run{r}_kernel_oom_kills", 0) or 0)
+    # the hog crossed the hard threshold (100Mi) once it had touched
+    # MemAvailable-at-start - 100Mi: first progress line past that point
+    need = int(summary.get(f"run{r}_avail_at_start_kb", 0)) // 1024 - 100
+    crossed = next((int(l.split()[1]) for l in hogs.get(f"run{r}-hog.log", [])
+                    if l.startswith("memhog ") and l.split()[2].isdigit() and int(l.split()[2]) >= need), None)
+    if crossed and r in kill_at:
+        cross_to_kill.append(kill_at[r] - crossed)
+
+def show(name, v, unit="ms"):
+    if v:
+        print(f"{name:34} p50 {pct(v, 50):8.1f} {unit}  p99 {pct(v, 99):8.1f} {unit}  max {max(v):8.1f} {unit}  (n={len(v)})")
+print(f"kernel {summary.get('kernel')}, MemTotal {summary.get('mem_total_kb')} kB, swap {summary.get('swap_total_kb')} kB")
+show("hog crosses hard threshold -> kill", cross_to_kill)
+show("wake-up -> kill issued", wake_to_kill)
+show("threshold first met -> kill", met_to_kill)
+show("kill -> pod cgroup empty", kill_to_empty)
+print(f"victim was the BestEffort hog:    {victims_ok}/{runs} ({', '.join(victims)})")
+print(f"Guaranteed / Burstable survived:   {sum(summary.get(f'run{r}_g_alive') == 'yes' and summary.get(f'run{r}_b_alive') == 'yes' for r in range(1, runs + 1))}/{runs}")
+print(f"kernel OOM kills:                  {oom} over {runs} runs")
+print(f"self-limit pod: evictions {summary.get('selflimit_evictions')}, its own OOM kills {summary.get('selflimit_pod_oom_kills')}")
+print(f"idle: {summary.get('idle_cpu_pct_of_core')} % of one core over {summary.get('idle_s')} s; RSS {summary.get('rss_kb')} kB, peak {summary.get('rss_hwm_kb')} kB")
+PY
