@@ -98,3 +98,25 @@ print(f"kernel OOM kills:                  {oom} over {runs} runs")
 print(f"self-limit pod: evictions {summary.get('selflimit_evictions')}, its own OOM kills {summary.get('selflimit_pod_oom_kills')}")
 print(f"idle: {summary.get('idle_cpu_pct_of_core')} % of one core over {summary.get('idle_s')} s; RSS {summary.get('rss_kb')} kB, peak {summary.get('rss_hwm_kb')} kB")
 PY
+
+# Idle cost on this machine's own CPU (no emulation): the same monitor on
+# fake trees (temp dirs; no PSI triggers, nothing of the host's cgroups is
+# touched) with 1.3 GiB and 8 GiB of a 16 GiB node free, for $idle s.
+tmp="$(mktemp -d)"
+trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+for free in 1300 8192; do
+  bash tests/e2e/pressure/fake-tree.sh "$tmp/t$free" "$free" >/dev/null
+  target/release/nri-qos monitor --cgroup-root "$tmp/t$free/cgroup" --proc-root "$tmp/t$free/proc" 2>/dev/null &
+  echo $! >"$tmp/$free.pid"
+done
+sleep 2
+ticks() { awk '{print $14 + $15}' "/proc/$(cat "$tmp/$1.pid")/stat"; }
+a1=$(ticks 1300) a8=$(ticks 8192)
+sleep "$idle"
+for free in 1300 8192; do
+  a=$a1; [ "$free" = 8192 ] && a=$a8
+  t=$(($(ticks $free) - a))
+  rss=$(awk '/^VmRSS/ {print $2}' "/proc/$(cat "$tmp/$free.pid")/status")
+  awk -v t="$t" -v s="$idle" -v f="$free" -v r="$rss" \
+    'BEGIN { printf "native idle, %5d MiB free of 16 GiB: %.3f %% of one core over %d s (%d ticks), RSS %d kB\n", f, t / s, s, t, r }'
+done

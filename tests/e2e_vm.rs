@@ -44,6 +44,11 @@ fn run_e2e(containerd: &str, default_plugin: &str) {
         .args(["--plugin", &plugin])
         .args(["--scenario", &scenarios])
         .args(["--timing-pods", &timing_pods])
+        // The binary this `cargo test` built, not whichever of target/{debug,release} is newer.
+        .env(
+            "NRI_QOS_BIN",
+            std::env::var("NRI_QOS_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_nri-qos").into()),
+        )
         .env(
             "E2E_RESILIENCE",
             std::env::var("E2E_RESILIENCE").unwrap_or_else(|_| resilience.into()),
