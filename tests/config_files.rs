@@ -28,3 +28,32 @@ fn every_default_key_is_documented_in_the_shipped_file() {
         }
     }
 }
+
+#[test]
+fn check_config_accepts_the_shipped_files_and_names_a_bad_key_and_its_file() {
+    let run = |file: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_nri-qos"))
+            .arg("check-config")
+            .arg(file)
+            .output()
+            .expect("run nri-qos check-config")
+    };
+    for shipped in ["config/nri-qos.toml", "config/nri/10-nri-qos.conf"] {
+        let out = run(&root().join(shipped));
+        assert!(out.status.success(), "{shipped}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(": ok"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[policy]\ncpu-wieght = \"linear\"\n").unwrap();
+    let out = run(&bad);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cpu-wieght") && err.contains("bad.toml"),
+        "{err}"
+    );
+    std::fs::write(&bad, "[policy]\nmemory-throttling-factor = 1.5\n").unwrap();
+    let err = String::from_utf8_lossy(&run(&bad).stderr).to_string();
+    assert!(err.contains("memory-throttling-factor"), "{err}");
+}

@@ -441,3 +441,32 @@ fn image_puts_the_binary_where_the_daemonset_runs_it() {
         "reproducible: build with Cargo.lock"
     );
 }
+
+/// The example Pods users feed `nri-qos explain`, and the ones the VM tests
+/// send the runtime, are real Kubernetes Pods: typed with the API's own
+/// types, without a field lost.
+#[test]
+fn example_and_e2e_manifests_are_kubernetes_pods() {
+    use k8s_openapi::api::core::v1::Pod;
+    let mut n = 0;
+    for dir in ["config/examples", "tests/e2e/scenarios/pods"] {
+        for entry in std::fs::read_dir(path(dir)).unwrap() {
+            let file = entry.unwrap().path();
+            if file.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            let doc: serde_json::Value =
+                serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            assert_eq!(doc["kind"], "Pod", "{}", file.display());
+            let pod: Pod = typed(&doc);
+            assert!(
+                !pod.spec.unwrap().containers.is_empty(),
+                "{}",
+                file.display()
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 15, "only {n} manifests");
+}
