@@ -54,7 +54,7 @@ def pct(v, p):
     return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
 
 runs = len([k for k in summary if re.fullmatch(r"run\d+_kernel_oom_kills", k)])
-kill_at, wake_to_kill, met_to_kill, kill_to_empty, cross_to_kill = {}, [], [], [], []
+kill_at, wake_to_kill, met_to_kill, kill_to_empty, cross_to_kill, kill_call = {}, [], [], [], [], []
 victims, oom = [], 0
 for raw in monitor:
     try:
@@ -71,6 +71,7 @@ for raw in monitor:
     elif msg == "killed pod" and run in kill_at and len(wake_to_kill) < len(kill_at):
         wake_to_kill.append(f.get("wake_to_kill_us", 0) / 1000)
         met_to_kill.append(f.get("met_to_kill_ms", 0))
+        kill_call.append(f.get("kill_us", 0) / 1000)
     elif msg == "victim pod cgroup is empty" and len(kill_to_empty) < len(kill_at):
         kill_to_empty.append(f.get("took_ms", 0))
 victims_ok = sum(v.startswith("hog") for v in victims)
@@ -91,6 +92,7 @@ print(f"kernel {summary.get('kernel')}, MemTotal {summary.get('mem_total_kb')} k
 show("hog crosses hard threshold -> kill", cross_to_kill)
 show("wake-up -> kill issued", wake_to_kill)
 show("threshold first met -> kill", met_to_kill)
+show("cgroup.kill + process_mrelease", kill_call)
 show("kill -> pod cgroup empty", kill_to_empty)
 print(f"victim was the BestEffort hog:    {victims_ok}/{runs} ({', '.join(victims)})")
 print(f"Guaranteed / Burstable survived:   {sum(summary.get(f'run{r}_g_alive') == 'yes' and summary.get(f'run{r}_b_alive') == 'yes' for r in range(1, runs + 1))}/{runs}")
@@ -110,13 +112,14 @@ for free in 1300 8192; do
   echo $! >"$tmp/$free.pid"
 done
 sleep 2
-ticks() { awk '{print $14 + $15}' "/proc/$(cat "$tmp/$1.pid")/stat"; }
-a1=$(ticks 1300) a8=$(ticks 8192)
+# CPU time of every thread in ns (schedstat), finer than the 10 ms ticks of stat.
+cpu_ns() { cat /proc/"$(cat "$tmp/$1.pid")"/task/*/schedstat | awk '{ s += $1 } END { print s }'; }
+a1=$(cpu_ns 1300) a8=$(cpu_ns 8192)
 sleep "$idle"
 for free in 1300 8192; do
   a=$a1; [ "$free" = 8192 ] && a=$a8
-  t=$(($(ticks $free) - a))
+  t=$(($(cpu_ns $free) - a))
   rss=$(awk '/^VmRSS/ {print $2}' "/proc/$(cat "$tmp/$free.pid")/status")
   awk -v t="$t" -v s="$idle" -v f="$free" -v r="$rss" \
-    'BEGIN { printf "native idle, %5d MiB free of 16 GiB: %.3f %% of one core over %d s (%d ticks), RSS %d kB\n", f, t / s, s, t, r }'
+    'BEGIN { printf "native idle, %5d MiB free of 16 GiB: %.3f %% of one core over %d s (%.1f ms CPU), RSS %d kB\n", f, t / s / 1e7, s, t / 1e6, r }'
 done

@@ -46,7 +46,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 
 pub use config::MonitorConfig;
 pub use measure::{
@@ -208,6 +209,11 @@ pub struct Monitor {
     next_full: Duration,
     /// MemTotal as last measured (thresholds may be percentages of it).
     capacity: u64,
+    /// /proc/meminfo kept open for the quick checks: re-reading an open
+    /// procfs file at offset 0 costs half of open+read+close. Reopened at
+    /// every full step, so a replaced file is picked up.
+    meminfo: Option<std::fs::File>,
+    meminfo_buf: Vec<u8>,
 }
 
 impl Monitor {
@@ -249,13 +255,15 @@ impl Monitor {
             step_started: Instant::now(),
             next_full: Duration::ZERO,
             capacity: 0,
+            meminfo: None,
+            meminfo_buf: Vec::new(),
         }
     }
 
     /// A tick between full steps while calm needs only the quick check;
     /// `Some(next)` when that was enough. Cheap enough to run on the async
     /// loop without a trip to the blocking pool.
-    pub fn quick(&self, wake: &Wake, now: Duration) -> Option<Duration> {
+    pub fn quick(&mut self, wake: &Wake, now: Duration) -> Option<Duration> {
         let calm = self.victim.is_none()
             && !self.decider.busy()
             && self.fast_until.is_none_or(|t| now >= t);
@@ -270,16 +278,8 @@ impl Monitor {
     /// to look again, or `None` when MemAvailable is within one threshold of
     /// the thresholds (or unreadable) and a full step should run now. This is
     /// what keeps fast checks cheap: earlyoom's cadence at meminfo's cost.
-    fn quick_check(&self) -> Option<Duration> {
-        let text = stat::read(&self.paths.meminfo()).ok()?;
-        let kb: u64 = text.lines().find_map(|l| {
-            l.strip_prefix("MemAvailable:")?
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .ok()
-        })?;
+    fn quick_check(&mut self) -> Option<Duration> {
+        let kb = self.mem_available_kb()?;
         let available = kb.checked_mul(1024)?;
         let threshold = self
             .cfg
@@ -288,6 +288,32 @@ impl Monitor {
             .max(self.cfg.soft_threshold.resolve(self.capacity));
         available.checked_sub(threshold.saturating_mul(2))?;
         Some(self.interval_for(available - threshold))
+    }
+
+    /// MemAvailable in kB from the kept-open /proc/meminfo.
+    fn mem_available_kb(&mut self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        if self.meminfo.is_none() {
+            self.meminfo = std::fs::File::open(self.paths.meminfo()).ok();
+        }
+        // MemAvailable is the third line; 4 KiB holds the whole file.
+        self.meminfo_buf.resize(4096, 0);
+        let n = match self.meminfo.as_ref()?.read_at(&mut self.meminfo_buf, 0) {
+            Ok(n) => n,
+            Err(_) => {
+                self.meminfo = None;
+                return None;
+            }
+        };
+        let text = std::str::from_utf8(&self.meminfo_buf[..n]).ok()?;
+        text.lines().find_map(|l| {
+            l.strip_prefix("MemAvailable:")?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()
+        })
     }
 
     /// Sooner the closer `headroom` bytes are to being used up at
@@ -405,6 +431,7 @@ impl Monitor {
 
     pub fn step(&mut self, wake: &Wake, now: Duration) -> StepReport {
         self.step_started = Instant::now();
+        self.meminfo = None;
         self.publish_psi();
         if matches!(wake, Wake::Psi { .. }) {
             self.fast_until = Some(now + self.psi_followup);
@@ -780,6 +807,8 @@ impl Monitor {
             return;
         }
         let t = Instant::now();
+        // Detection to decision: the wake-up until the kill is issued.
+        let wake_to_kill = t.duration_since(self.step_started);
         match act::kill_pod(&victim.path, self.ops.as_ref(), self.mrelease) {
             Ok(r) => {
                 if r.mrelease_unsupported {
@@ -791,8 +820,9 @@ impl Monitor {
                     method = ?r.method,
                     pids = r.pids,
                     mreleased = r.mreleased,
+                    // cgroup.kill (or per-pid SIGKILL) plus process_mrelease.
                     kill_us = t.elapsed().as_micros() as u64,
-                    wake_to_kill_us = self.step_started.elapsed().as_micros() as u64,
+                    wake_to_kill_us = wake_to_kill.as_micros() as u64,
                     met_to_kill_ms = self
                         .decider
                         .met_since()
@@ -853,28 +883,11 @@ pub async fn run_with_metrics(
     metrics: Option<Arc<crate::metrics::Metrics>>,
 ) -> Result<(), MonitorError> {
     cfg.validate()?;
-    let (tx, rx) = mpsc::channel(16);
     let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls));
     if let Some(m) = metrics {
         monitor = monitor.with_metrics(m);
     }
-    let mut triggers = Triggers::new(&cfg, &paths, tx);
-    triggers.arm();
-    tracing::info!(
-        kubepods = ?monitor.kubepods(),
-        psi_targets_armed = triggers.armed(),
-        hard = %cfg.hard_threshold,
-        soft = %cfg.soft_threshold,
-        dry_run = cfg.dry_run,
-        "memory-pressure monitor started"
-    );
-    drive(
-        monitor,
-        rx,
-        Arc::new(SystemClock::default()),
-        Some(triggers),
-    )
-    .await
+    start(cfg, paths, monitor, Arc::new(SystemClock::default())).await
 }
 
 /// `run` with the process syscalls and the clock injected.
@@ -886,9 +899,23 @@ pub async fn run_with(
     clock: Arc<dyn Clock>,
 ) -> Result<(), MonitorError> {
     cfg.validate()?;
-    let (tx, rx) = mpsc::channel(16);
     let monitor = Monitor::new(cfg.clone(), paths.clone(), pods, ops);
-    let mut triggers = Triggers::new(&cfg, &paths, tx);
+    start(cfg, paths, monitor, clock).await
+}
+
+/// Arms the PSI triggers on the current runtime and runs the loop on a
+/// thread of its own. A thread, not a task: a sleeping thread wakes once
+/// per check, where tokio's timer wheel wakes twice for every timeout over
+/// 64 ms, which was half the idle cost; and a step's blocking file I/O and
+/// kill wait never hold up the plugin's NRI handlers.
+async fn start(
+    cfg: MonitorConfig,
+    paths: Paths,
+    monitor: Monitor,
+    clock: Arc<dyn Clock>,
+) -> Result<(), MonitorError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(16);
+    let mut triggers = Triggers::new(&cfg, &paths, tx.clone(), tokio::runtime::Handle::current());
     triggers.arm();
     tracing::info!(
         cgroup_root = %paths.cgroup_root.display(),
@@ -900,24 +927,54 @@ pub async fn run_with(
         dry_run = cfg.dry_run,
         "memory-pressure monitor started"
     );
-    drive(monitor, rx, clock, Some(triggers)).await
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let thread_stop = stop.clone();
+    std::thread::Builder::new()
+        .name("nri-qos-monitor".into())
+        .spawn(move || {
+            let r = drive(monitor, rx, clock, Some(triggers), &thread_stop);
+            let _ = done_tx.send(r);
+        })
+        .map_err(|e| MonitorError::Task(format!("starting the monitor thread: {e}")))?;
+    // Dropping this future (shutdown, select!) stops the thread at once.
+    let _stop = StopOnDrop { stop, tx };
+    done_rx
+        .await
+        .map_err(|_| MonitorError::Task("the monitor thread panicked".into()))?
 }
 
-/// The loop: wait for a wake-up or the next check, then step. Public so
-/// tests (and embedders with their own wake-ups) can drive a monitor.
-async fn drive(
+struct StopOnDrop {
+    stop: Arc<AtomicBool>,
+    tx: SyncSender<Wake>,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.tx.try_send(Wake::Tick);
+    }
+}
+
+/// The loop: wait for a wake-up or the next check, then step, until the
+/// channel closes or `stop` is set.
+fn drive(
     mut monitor: Monitor,
-    mut rx: mpsc::Receiver<Wake>,
+    rx: Receiver<Wake>,
     clock: Arc<dyn Clock>,
     mut triggers: Option<Triggers>,
+    stop: &AtomicBool,
 ) -> Result<(), MonitorError> {
     let mut next = Duration::ZERO;
     loop {
-        let wake = match tokio::time::timeout(next, rx.recv()).await {
-            Ok(Some(w)) => w,
-            Ok(None) => return Ok(()),
-            Err(_) => Wake::Tick,
+        let wake = match rx.recv_timeout(next) {
+            Ok(w) => w,
+            Err(RecvTimeoutError::Timeout) => Wake::Tick,
+            Err(RecvTimeoutError::Disconnected) => return Ok(()),
         };
+        if stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         if let Some(t) = triggers.as_mut() {
             match &wake {
                 Wake::PsiLost { source } => t.lost(source),
@@ -926,28 +983,21 @@ async fn drive(
             }
         }
         let now = clock.now();
-        if let Some(quick) = monitor.quick(&wake, now) {
-            next = quick;
-            continue;
-        }
-        let (m, report) = tokio::task::spawn_blocking(move || {
-            let r = monitor.step(&wake, now);
-            (monitor, r)
-        })
-        .await
-        .map_err(|e| MonitorError::Task(e.to_string()))?;
-        monitor = m;
-        next = report.next_check;
+        next = match monitor.quick(&wake, now) {
+            Some(quick) => quick,
+            None => monitor.step(&wake, now).next_check,
+        };
     }
 }
 
-/// Drives a monitor from an injected channel of wake-ups until it closes.
-pub async fn drive_with(
+/// Drives a monitor on the calling thread from an injected channel of
+/// wake-ups until it closes (tests, embedders with their own wake-ups).
+pub fn drive_with(
     monitor: Monitor,
-    rx: mpsc::Receiver<Wake>,
+    rx: Receiver<Wake>,
     clock: Arc<dyn Clock>,
 ) -> Result<(), MonitorError> {
-    drive(monitor, rx, clock, None).await
+    drive(monitor, rx, clock, None, &AtomicBool::new(false))
 }
 
 #[cfg(test)]

@@ -7,10 +7,10 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{SyncSender, TrySendError};
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::sync::mpsc;
 
 use super::stat::ReadError;
 use super::Wake;
@@ -198,18 +198,22 @@ pub fn arm(path: &Path, trigger: &Trigger) -> Result<File, ArmError> {
     }
 }
 
-/// Watches an armed trigger fd and sends `Wake::Psi` on every POLLPRI.
-/// Returns `Err` when the fd cannot be polled (e.g. a regular file in a fake
-/// tree); the caller then relies on the periodic check.
+/// Watches an armed trigger fd on the runtime `rt` and sends `Wake::Psi` to
+/// the monitor thread on every POLLPRI. Returns `Err` when the fd cannot be
+/// polled (e.g. a regular file in a fake tree); the caller then relies on
+/// the periodic check.
 pub fn watch(
     label: String,
     file: File,
-    tx: mpsc::Sender<Wake>,
+    tx: SyncSender<Wake>,
+    rt: &tokio::runtime::Handle,
 ) -> io::Result<tokio::task::JoinHandle<()>> {
+    // Called from the monitor thread: AsyncFd registers with `rt`'s reactor.
+    let _in_runtime = rt.enter();
     // SAFETY: the File owns its fd and moves into the AsyncFd, so the fd
     // stays open and unchanged for the AsyncFd's whole life.
     let afd = unsafe { AsyncFd::register_with_interest(file, Interest::PRIORITY) }?;
-    Ok(tokio::spawn(async move {
+    Ok(rt.spawn(async move {
         loop {
             let mut guard = match afd.ready(Interest::PRIORITY).await {
                 Ok(g) => g,
@@ -229,8 +233,8 @@ pub fn watch(
             match tx.try_send(Wake::Psi {
                 source: label.clone(),
             }) {
-                Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
-                Err(mpsc::error::TrySendError::Closed(_)) => return,
+                Ok(()) | Err(TrySendError::Full(_)) => {}
+                Err(TrySendError::Disconnected(_)) => return,
             }
         }
     }))
@@ -314,7 +318,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("memory.pressure");
         std::fs::write(&path, "").unwrap();
-        let (tx, _rx) = mpsc::channel(1);
-        assert!(watch("t".into(), File::open(&path).unwrap(), tx).is_err());
+        let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+        let rt = tokio::runtime::Handle::current();
+        assert!(watch("t".into(), File::open(&path).unwrap(), tx, &rt).is_err());
     }
 }

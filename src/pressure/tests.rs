@@ -630,16 +630,14 @@ fn pressure_registry_overrides_path_class_and_request() {
     );
 }
 
-#[tokio::test]
-async fn pressure_drive_reacts_to_injected_wake() {
+#[test]
+fn pressure_drive_reacts_to_injected_wake() {
     let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Systemd);
     let (m, _) = monitor(&f, MonitorConfig::default(), reg);
-    let (tx, rx) = mpsc::channel(4);
-    tx.send(psi_wake()).await.unwrap();
+    let (tx, rx) = std::sync::mpsc::sync_channel(4);
+    tx.send(psi_wake()).unwrap();
     drop(tx);
-    drive_with(m, rx, Arc::new(SystemClock::default()))
-        .await
-        .unwrap();
+    drive_with(m, rx, Arc::new(SystemClock::default())).unwrap();
     assert!(killed(&b_over));
 }
 

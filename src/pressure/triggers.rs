@@ -1,8 +1,9 @@
 //! Arming and re-arming the PSI triggers of the node and of kubepods.
 
 use std::path::PathBuf;
+use std::sync::mpsc::SyncSender;
 
-use tokio::sync::mpsc;
+use tokio::runtime::Handle;
 
 use super::{psi, tree, MonitorConfig, Paths, Wake};
 
@@ -41,11 +42,18 @@ pub(crate) struct Triggers {
     triggers: Vec<psi::Trigger>,
     paths: Paths,
     kubepods: String,
-    tx: mpsc::Sender<Wake>,
+    tx: SyncSender<Wake>,
+    /// The runtime whose reactor polls the trigger fds.
+    rt: Handle,
 }
 
 impl Triggers {
-    pub(crate) fn new(cfg: &MonitorConfig, paths: &Paths, tx: mpsc::Sender<Wake>) -> Self {
+    pub(crate) fn new(
+        cfg: &MonitorConfig,
+        paths: &Paths,
+        tx: SyncSender<Wake>,
+        rt: Handle,
+    ) -> Self {
         let mut targets = Vec::new();
         if cfg.psi_node {
             targets.push(TriggerTarget::new("node"));
@@ -65,6 +73,7 @@ impl Triggers {
             paths: paths.clone(),
             kubepods: cfg.kubepods.clone(),
             tx,
+            rt,
         }
     }
 
@@ -99,7 +108,7 @@ impl Triggers {
             for trig in &self.triggers {
                 let name = format!("{label}:{trig}");
                 match psi::arm(&path, trig) {
-                    Ok(f) => match psi::watch(name, f, self.tx.clone()) {
+                    Ok(f) => match psi::watch(name, f, self.tx.clone(), &self.rt) {
                         Ok(h) => tasks.push(h),
                         Err(e) => {
                             tracing::warn!(psi_target = label, path = %path.display(), error = %e,
