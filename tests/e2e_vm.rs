@@ -3,9 +3,11 @@
 //! the kernel really holds. It needs qemu and a few minutes, so it only runs
 //! when `NRI_QOS_E2E=1` (CI sets it); otherwise each test prints a skip notice.
 //!
-//! Each version runs with nri-qos: containerd 1.7 with the external plugin and
-//! the resilience sequence (plugin killed while pods are created, containerd
-//! restarted under it), containerd 2.1 with the plugin pre-launched; every
+//! Each version runs with nri-qos and a resilience sequence: containerd 1.7
+//! with the external plugin (killed while pods are created, then restarted;
+//! containerd restarted under it: it reconnects), containerd 2.1 with the
+//! plugin pre-launched (killed while pods are created; containerd restarted:
+//! it launches a new one, which synchronizes and fixes those pods up); every
 //! scenario is followed by `nri-qos audit` inside the VM.
 //!
 //! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, overrides the per-version mode),
@@ -32,7 +34,8 @@ fn run_e2e(containerd: &str, default_plugin: &str) {
     }
     let _vm = VM.lock().unwrap_or_else(|e| e.into_inner());
     let plugin = std::env::var("NRI_QOS_E2E_PLUGIN").unwrap_or_else(|_| default_plugin.into());
-    let resilience = if plugin == "external" { "1" } else { "0" };
+    // Both launch modes run their resilience sequence (none: nothing to kill).
+    let resilience = if plugin == "none" { "0" } else { "1" };
     let scenarios = std::env::var("NRI_QOS_E2E_SCENARIOS")
         .unwrap_or_else(|_| "basic,memoryqos,kubelet,pagecache,eviction".into());
     // One timing pod keeps the suite well inside CI's budget on a busy machine.

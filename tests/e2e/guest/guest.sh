@@ -224,13 +224,27 @@ for s in $E2E_SCENARIOS; do
     info "scenario $s: end"
 done
 
-# Resilience (external plugin): pods created while the plugin is down still
-# start and are brought into line when it comes back; a containerd restart
-# under a running plugin ends in a reconnect and a new sync.
-if [ "$E2E_PLUGIN" = external ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ -n "$plugin_pid" ]; then
-    kill -9 "$plugin_pid" 2>/dev/null
-    wait "$plugin_pid" 2>/dev/null
-    info "resilience: plugin killed; creating pods without it"
+# Stops containerd (its shims and containers keep running, as on a node) and
+# starts it again; returns once its NRI socket is back.
+restart_containerd() {
+    kill "$(pid_of 'containerd --config')" 2>/dev/null
+    i=0
+    while pid_of 'containerd --config' >/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    rm -f /var/run/nri/nri.sock
+    containerd --config /etc/containerd/config.toml >>/var/log/containerd.log 2>&1 &
+    i=0
+    while [ ! -S /var/run/nri/nri.sock ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+}
+
+# Lines of our log matching $1 (0 when there is no log yet).
+log_count() {
+    n="$(grep -c "$1" /var/log/nri-qos.log 2>/dev/null)"
+    echo "${n:-0}"
+}
+
+# Pods created while no plugin runs must still start, with the runtime's own
+# values (our policy never stands between the kubelet and a pod).
+pods_without_plugin() {
     /e2e/bin/cri-client run /e2e/scenarios/basic.json --keep --expect-cri >/tmp/res1.out 2>&1
     if grep -q "E2E-CHECK .* FAIL" /tmp/res1.out; then
         check resilience.pods_without_plugin FAIL "$(grep 'FAIL' /tmp/res1.out | head -n 3 | tr '\n' ';')"
@@ -238,22 +252,27 @@ if [ "$E2E_PLUGIN" = external ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ -n "$plug
     else
         check resilience.pods_without_plugin PASS "pods started with the runtime's own values"
     fi
+}
+
+# Resilience (external plugin): pods created while the plugin is down still
+# start and are brought into line when it comes back; a containerd restart
+# under a running plugin ends in a reconnect and a new sync.
+if [ "$E2E_PLUGIN" = external ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ -n "$plugin_pid" ]; then
+    kill -9 "$plugin_pid" 2>/dev/null
+    wait "$plugin_pid" 2>/dev/null
+    info "resilience: plugin killed; creating pods without it"
+    pods_without_plugin
     /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock 2>/dev/null &
     plugin_pid=$!
     sleep 3
     # adjust-existing: the new session's Synchronize updates the running containers.
     audit resilience.plugin_restarted
     info "resilience: restarting containerd under the running plugin"
-    connects_before="$(grep -c 'connected to the runtime' /var/log/nri-qos.log)"
-    kill "$(pid_of 'containerd --config')" 2>/dev/null
+    connects_before="$(log_count 'connected to the runtime')"
+    restart_containerd
     i=0
-    while pid_of 'containerd --config' >/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-    containerd --config /etc/containerd/config.toml >>/var/log/containerd.log 2>&1 &
-    i=0
-    while [ ! -S /var/run/nri/nri.sock ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    i=0
-    while [ "$(grep -c 'connected to the runtime' /var/log/nri-qos.log)" -le "$connects_before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
-    connects="$(grep -c 'connected to the runtime' /var/log/nri-qos.log)"
+    while [ "$(log_count 'connected to the runtime')" -le "$connects_before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+    connects="$(log_count 'connected to the runtime')"
     if kill -0 "$plugin_pid" 2>/dev/null && [ "$connects" -gt "$connects_before" ]; then
         check resilience.reconnected PASS "same plugin process reconnected after $((i / 5)) s"
     else
@@ -264,6 +283,42 @@ if [ "$E2E_PLUGIN" = external ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ -n "$plug
     /e2e/bin/cri-client run /e2e/scenarios/basic.json --keep >/tmp/res2.out 2>&1 || true
     audit resilience.after_containerd_restart
     /e2e/bin/cri-client cleanup || rc=1
+fi
+
+# Resilience (pre-launched plugin): the runtime owns the plugin's life. A
+# plugin that dies stays gone until containerd restarts; pods created
+# meanwhile still start. The restarted containerd launches a new plugin
+# process, which registers, is synchronized (NRI >= v0.7 synchronizes
+# pre-launched plugins) and brings the pods made without it into line.
+if [ "$E2E_PLUGIN" = prelaunched ] && [ "${E2E_RESILIENCE:-0}" = 1 ]; then
+    if old="$(pid_of /opt/nri/plugins/10-nri-qos)"; then
+        kill -9 "$old"
+        i=0
+        while kill -0 "$old" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+        info "resilience: pre-launched plugin (pid $old) killed; creating pods without it"
+        pods_without_plugin
+        syncs_before="$(log_count 'synchronized with the runtime')"
+        info "resilience: restarting containerd; it launches the plugin again"
+        restart_containerd
+        i=0
+        while [ "$(log_count 'synchronized with the runtime')" -le "$syncs_before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+        new="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
+        if [ -n "$new" ] && [ "$new" != "$old" ] && [ "$(log_count 'synchronized with the runtime')" -gt "$syncs_before" ]; then
+            check resilience.relaunched PASS "containerd launched pid $new, synchronized after $((i / 5)) s: $(grep 'synchronized with the runtime' /var/log/nri-qos.log | tail -n 1 | sed -e 's/\x1b\[[0-9;]*m//g' -e 's/.*synchronized with the runtime *//')"
+        else
+            check resilience.relaunched FAIL "old pid $old, new pid ${new:-none}, syncs $(log_count 'synchronized with the runtime') (before $syncs_before)"
+            rc=1
+        fi
+        # The pods created without the plugin, updated through Synchronize.
+        audit resilience.after_containerd_restart
+        /e2e/bin/cri-client cleanup >/dev/null 2>&1
+        /e2e/bin/cri-client run /e2e/scenarios/basic.json --keep >/tmp/res2.out 2>&1 || true
+        audit resilience.new_pods_after_restart
+        /e2e/bin/cri-client cleanup || rc=1
+    else
+        check resilience.relaunched FAIL "no pre-launched plugin running before the sequence"
+        rc=1
+    fi
 fi
 
 if [ "${E2E_TIMING_PODS:-0}" -gt 0 ]; then
