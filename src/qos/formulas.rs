@@ -78,18 +78,37 @@ pub fn burstable_oom_score_adj(memory_request: u64, memory_capacity: u64) -> i64
     adj
 }
 
-/// Inverts [`burstable_oom_score_adj`]: the smallest request that yields
-/// `adj` on a node of `capacity` bytes. The formula truncates, so the true
-/// request lies in `[(1000-adj)·C/1000, (1001-adj)·C/1000)`: the resolution is
-/// C/1000 (about 17 MB on 16 GiB). We take the lower end so we never protect
-/// more than was asked. `None` when adj carries no request (999, 1000, or
-/// outside the Burstable range).
-pub fn memory_request_from_oom_score_adj(adj: i64, capacity: u64) -> Option<u64> {
+/// Inverts [`burstable_oom_score_adj`]: every request the kubelet maps to
+/// `adj` on a node of `capacity` bytes. The formula truncates, so that is
+/// `[⌈(1000−adj)·C/1000⌉, ⌈(1001−adj)·C/1000⌉)`, C/1000 wide (about 17 MB on
+/// 16 GiB); for the floor 3 it is everything from its start up. `None` when
+/// adj carries no request (999, 1000, or outside the Burstable range) or no
+/// request yields it (a node under 1000 bytes).
+pub fn memory_request_range_from_oom_score_adj(
+    adj: i64,
+    capacity: u64,
+) -> Option<std::ops::Range<u64>> {
     if !(3..=998).contains(&adj) {
         return None;
     }
-    let req = (1000 - adj) as u128 * capacity as u128 / 1000;
-    Some(req.min(u64::MAX as u128) as u64)
+    let bound = |permille: i64| {
+        let v = (permille as u128 * capacity as u128).div_ceil(1000);
+        v.min(u64::MAX as u128) as u64
+    };
+    let start = bound(1000 - adj);
+    let end = if adj == 3 {
+        u64::MAX
+    } else {
+        bound(1001 - adj)
+    };
+    (start < end).then_some(start..end)
+}
+
+/// The smallest request that yields `adj` (see
+/// [`memory_request_range_from_oom_score_adj`]): we take the lower end so we
+/// never protect more than was asked.
+pub fn memory_request_from_oom_score_adj(adj: i64, capacity: u64) -> Option<u64> {
+    memory_request_range_from_oom_score_adj(adj, capacity).map(|r| r.start)
 }
 
 /// KEP-2570 memory.high: `floor((req + factor*(base-req)) / page) * page`,
@@ -197,9 +216,19 @@ mod tests {
     #[test]
     fn request_recovery_brackets_the_true_request() {
         // §5 route 2: adj 993 on 16 GiB → [120.3 MB, 137.4 MB), true 128Mi.
-        let lo = memory_request_from_oom_score_adj(993, C).unwrap();
-        assert_eq!(lo, 120_259_084);
-        assert!(lo <= 128 * MI && 128 * MI < lo + C / 1000);
+        let r = memory_request_range_from_oom_score_adj(993, C).unwrap();
+        assert_eq!(r, 120_259_085..137_438_954);
+        assert!(r.contains(&(128 * MI)));
+        assert_eq!(burstable_oom_score_adj(r.start, C), 993);
+        assert_eq!(burstable_oom_score_adj(r.start - 1, C), 994);
+        assert_eq!(burstable_oom_score_adj(r.end - 1, C), 993);
+        assert_eq!(burstable_oom_score_adj(r.end, C), 992);
+        assert_eq!(memory_request_from_oom_score_adj(993, C), Some(r.start));
+        assert_eq!(
+            memory_request_range_from_oom_score_adj(3, C).unwrap().end,
+            u64::MAX
+        );
+        assert_eq!(memory_request_range_from_oom_score_adj(993, 500), None);
         assert_eq!(memory_request_from_oom_score_adj(999, C), None);
         assert_eq!(memory_request_from_oom_score_adj(1000, C), None);
         assert_eq!(memory_request_from_oom_score_adj(-997, C), None);
@@ -243,5 +272,77 @@ mod tests {
         assert_eq!(memory_high(0, None, alloc, f64::NAN, page), None);
         assert_eq!(memory_high(0, None, alloc, 0.0, page), None);
         assert_eq!(memory_high(0, None, alloc, 1.5, page), None);
+    }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn shares_are_bounded_and_monotonic(m in 0u64..2_000_000, d in 0u64..10_000) {
+                let (a, b) = (milli_cpu_to_shares(m), milli_cpu_to_shares(m + d));
+                prop_assert!((MIN_SHARES..=MAX_SHARES).contains(&a));
+                prop_assert!(a <= b);
+            }
+
+            #[test]
+            fn cpu_request_survives_the_trip_through_shares(m in 3u64..=256_000) {
+                // What the plugin reads back is within 1m of what was asked.
+                let back = shares_to_milli_cpu(milli_cpu_to_shares(m));
+                prop_assert!(back <= m && m - back <= 1, "{m} -> {back}");
+            }
+
+            #[test]
+            fn quota_is_at_least_the_minimum_and_monotonic(m in 1u64..1_000_000, d in 0u64..10_000) {
+                let (a, b) = (milli_cpu_to_quota(m, QUOTA_PERIOD), milli_cpu_to_quota(m + d, QUOTA_PERIOD));
+                prop_assert!(a >= MIN_QUOTA);
+                prop_assert!(a <= b);
+            }
+
+            #[test]
+            fn weights_are_bounded_and_monotonic(s in 0u64..400_000, d in 0u64..5_000) {
+                for f in [cpu_weight_linear, cpu_weight_quadratic] {
+                    let (a, b) = (f(s), f(s + d));
+                    prop_assert!((1..=10_000).contains(&a));
+                    prop_assert!(a <= b, "{s}: {a} > {b}");
+                }
+                // The new curve never weighs a request less than the old one.
+                prop_assert!(cpu_weight_quadratic(s) >= cpu_weight_linear(s));
+            }
+
+            #[test]
+            fn burstable_adj_is_bounded_and_falls_with_the_request(
+                r in 0u64..(1 << 42), d in 0u64..(1 << 32), c in (1u64 << 28)..(1 << 42),
+            ) {
+                let (a, b) = (burstable_oom_score_adj(r, c), burstable_oom_score_adj(r + d, c));
+                prop_assert!((3..=999).contains(&a));
+                prop_assert!(b <= a);
+            }
+
+            #[test]
+            fn inverted_request_range_is_exact(adj in 4i64..=998, c in (1u64 << 20)..(1 << 44)) {
+                let r = memory_request_range_from_oom_score_adj(adj, c).unwrap();
+                prop_assert_eq!(burstable_oom_score_adj(r.start, c), adj);
+                prop_assert_eq!(burstable_oom_score_adj(r.end - 1, c), adj);
+                // just outside: the neighbours' values
+                prop_assert_eq!(burstable_oom_score_adj(r.start - 1, c), adj + 1);
+                prop_assert_eq!(burstable_oom_score_adj(r.end, c), adj - 1);
+                prop_assert!(r.end - r.start <= c / 1000 + 1);
+            }
+
+            #[test]
+            fn memory_high_lies_between_request_and_base(
+                req in 0u64..(1 << 40), extra in 0u64..(1 << 40), alloc in 0u64..(1 << 41),
+                factor in 0.01f64..=1.0, limited: bool, page_shift in 12u32..=16,
+            ) {
+                let page = 1u64 << page_shift;
+                let limit = limited.then_some(req + extra);
+                if let Some(h) = memory_high(req, limit, alloc, factor, page) {
+                    prop_assert!(h > req && h <= limit.unwrap_or(alloc));
+                    prop_assert_eq!(h % page, 0);
+                }
+            }
+        }
     }
 }

@@ -201,18 +201,17 @@ pub fn memory_request(
         }
         QosClass::Burstable => match container
             .oom_score_adj
-            .and_then(|adj| f::memory_request_from_oom_score_adj(adj, node.memory_capacity))
+            .and_then(|adj| f::memory_request_range_from_oom_score_adj(adj, node.memory_capacity))
         {
-            Some(lo) => {
-                // The adj only pins the request to [lo, lo + C/1000). When the
-                // limit lies in that interval, request == limit is the reading
-                // the kubelet's own data allows (and sets no memory.high);
-                // never more than the limit either way.
-                let width = node.memory_capacity / 1000;
+            Some(range) => {
+                // The adj only pins the request to a range C/1000 wide. When
+                // the limit lies in it, request == limit is the reading the
+                // kubelet's own data allows (and sets no memory.high); else
+                // the lower end, never more than the limit.
                 let r = match limit {
-                    Some(l) if l >= lo && l < lo.saturating_add(width.max(1)) => l,
-                    Some(l) => lo.min(l),
-                    None => lo,
+                    Some(l) if range.contains(&l) => l,
+                    Some(l) => range.start.min(l),
+                    None => range.start,
                 };
                 (Some(r), RequestSource::OomScoreAdj)
             }
