@@ -279,7 +279,7 @@ impl QosPlugin {
         }
         let started = Instant::now();
         let policy = self.live().policy;
-        let decision = qos::decide(&pod_facts, &facts, &self.settings.node, &policy);
+        let decision = decide_or_leave_alone(&pod_facts, &facts, &self.settings.node, &policy);
         debug!(
             pod = %format_args!("{}/{}", pod_facts.namespace, pod_facts.name),
             container = %facts.name,
@@ -435,6 +435,36 @@ impl QosPlugin {
         );
         updates
     }
+}
+
+/// The policy, or no adjustment at all should it ever panic. It is pure and
+/// property-tested never to, but a panicking handler never answers, and the
+/// runtime turns that into a failed container creation after its timeout:
+/// a container without our values is the lesser harm.
+fn decide_or_leave_alone(
+    pod: &qos::PodFacts,
+    container: &qos::ContainerFacts,
+    node: &NodeFacts,
+    policy: &PolicyConfig,
+) -> qos::Decision {
+    let run = std::panic::AssertUnwindSafe(|| qos::decide(pod, container, node, policy));
+    std::panic::catch_unwind(run).unwrap_or_else(|_| {
+        tracing::error!(
+            pod = %format_args!("{}/{}", pod.namespace, pod.name),
+            container = %container.name,
+            "the QoS policy panicked (a bug: please report it with this line); leaving the container as the runtime made it"
+        );
+        qos::Decision {
+            // Unknown to us; Burstable neither protects it nor ranks it first.
+            class: QosClass::Burstable,
+            reason: "policy failed; no adjustment".into(),
+            memory_request: None,
+            request_source: qos::RequestSource::Unknown,
+            cpu_request_milli: 0,
+            adjustment: qos::Adjustment::default(),
+            notes: Vec::new(),
+        }
+    })
 }
 
 /// `base` with the drop-in's `[policy]` keys and `plugin.dry-run` on top.
