@@ -659,49 +659,6 @@ fn pressure_emptied_pod_is_not_killed_again() {
     );
 }
 
-/// Decision latency on a 100-pod fake tree (dry-run, so every step ranks
-/// and "kills"). `cargo test --release --lib pressure_step_latency -- --ignored --nocapture`
-#[test]
-#[ignore]
-fn pressure_step_latency() {
-    let f = Fake::new(Driver::Systemd);
-    for i in 0..100 {
-        let class = [
-            QosClass::Guaranteed,
-            QosClass::Burstable,
-            QosClass::BestEffort,
-        ][i % 3];
-        f.pod(
-            &format!("p-{i:03}"),
-            class,
-            (50 + i as u64) * MI,
-            64 * MI,
-            "app",
-        );
-    }
-    f.node_ws(TOTAL - 50 * MI);
-    let cfg = MonitorConfig {
-        dry_run: true,
-        cooldown: "0s".parse().unwrap(),
-        ..MonitorConfig::default()
-    };
-    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
-    let mut us: Vec<u128> = Vec::new();
-    for i in 0..300 {
-        let t = std::time::Instant::now();
-        let r = m.step(&psi_wake(), ms(i * 10));
-        us.push(t.elapsed().as_micros());
-        assert!(r.would_kill.is_some());
-    }
-    us.sort();
-    println!(
-        "step (measure+rank+decide, 100 pods): p50={}us p99={}us max={}us",
-        us[us.len() / 2],
-        us[us.len() * 99 / 100],
-        us[us.len() - 1]
-    );
-}
-
 #[test]
 fn pressure_allocatable_signal_from_kubepods_limit() {
     // Node has 12Gi free, but kubepods (memory.max = allocatable) is 50Mi
