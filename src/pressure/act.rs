@@ -198,7 +198,13 @@ pub enum KillMethod {
 pub struct KillReport {
     pub method: KillMethod,
     pub pids: usize,
+    /// Victims whose memory process_mrelease freed from here.
     pub mreleased: usize,
+    /// Victims already past giving up their mm (ESRCH): they were running
+    /// and are tearing down their own memory; nothing left for us to reap.
+    /// process_mrelease pays off for victims that cannot run (stalled in
+    /// reclaim, starved of CPU), which is when a node needs it most.
+    pub mrelease_exiting: usize,
     /// process_mrelease is missing (ENOSYS): do not try again.
     pub mrelease_unsupported: bool,
 }
@@ -226,6 +232,7 @@ pub fn kill_pod(cg: &Path, ops: &dyn ProcessOps, mrelease: bool) -> Result<KillR
     };
 
     let mut mreleased = 0;
+    let mut exiting = 0;
     let mut unsupported = false;
     for fd in &fds {
         match ops.mrelease(fd) {
@@ -234,14 +241,18 @@ pub fn kill_pod(cg: &Path, ops: &dyn ProcessOps, mrelease: bool) -> Result<KillR
                 unsupported = true;
                 break;
             }
-            // ESRCH (already gone) or EINVAL (no mm left) are normal.
-            Err(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => exiting += 1,
+            // EINVAL: not dying (yet) or already reaped; EAGAIN/EINTR: the
+            // kernel gave up on its lock. The victim still dies; say so only
+            // in debug logs.
+            Err(e) => tracing::debug!(error = %e, "process_mrelease"),
         }
     }
     Ok(KillReport {
         method,
         pids: pids.len(),
         mreleased,
+        mrelease_exiting: exiting,
         mrelease_unsupported: unsupported,
     })
 }
@@ -289,6 +300,8 @@ pub mod fake {
         pub killed: Mutex<Vec<i32>>,
         pub opened: Mutex<Vec<i32>>,
         pub mreleased: Mutex<usize>,
+        /// errno every process_mrelease fails with, when set.
+        pub mrelease_errno: Option<i32>,
     }
 
     impl ProcessOps for FakeOps {
@@ -307,6 +320,9 @@ pub mod fake {
             Ok(())
         }
         fn mrelease(&self, _fd: &OwnedFd) -> io::Result<()> {
+            if let Some(errno) = self.mrelease_errno {
+                return Err(io::Error::from_raw_os_error(errno));
+            }
             *self.mreleased.lock().unwrap() += 1;
             Ok(())
         }
@@ -340,6 +356,29 @@ mod tests {
             "1"
         );
         assert!(ops.killed.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn victims_already_exiting_are_counted_apart_from_mrelease_failures() {
+        let d = pod_dir();
+        fs::write(d.path().join("cgroup.kill"), "").unwrap();
+        for (errno, exiting, unsupported) in [
+            (libc::ESRCH, 2, false),
+            (libc::EINVAL, 0, false),
+            (libc::ENOSYS, 0, true),
+        ] {
+            let ops = FakeOps {
+                mrelease_errno: Some(errno),
+                ..FakeOps::default()
+            };
+            let r = kill_pod(d.path(), &ops, true).unwrap();
+            assert_eq!(r.method, KillMethod::CgroupKill, "errno {errno}");
+            assert_eq!(
+                (r.mreleased, r.mrelease_exiting, r.mrelease_unsupported),
+                (0, exiting, unsupported),
+                "errno {errno}"
+            );
+        }
     }
 
     #[test]

@@ -820,6 +820,7 @@ impl Monitor {
                     method = ?r.method,
                     pids = r.pids,
                     mreleased = r.mreleased,
+                    mrelease_exiting = r.mrelease_exiting,
                     // cgroup.kill (or per-pid SIGKILL) plus process_mrelease.
                     kill_us = t.elapsed().as_micros() as u64,
                     wake_to_kill_us = wake_to_kill.as_micros() as u64,
