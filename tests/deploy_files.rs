@@ -228,6 +228,25 @@ fn systemd_unit_has_what_we_rely_on() {
     assert_eq!(one("Install", "WantedBy"), "multi-user.target");
 }
 
+#[test]
+fn systemd_monitor_drop_in_adds_only_what_the_monitor_uses() {
+    let drop_in = parse_unit(&read("config/systemd/nri-qos-monitor.conf"));
+    assert_eq!(drop_in.keys().collect::<Vec<_>>(), ["Service"]);
+    assert_eq!(drop_in["Service"].len(), 1, "{:?}", drop_in["Service"]);
+    let caps: Vec<&str> = drop_in["Service"]["CapabilityBoundingSet"]
+        .iter()
+        .flat_map(|v| v.split_whitespace())
+        .collect();
+    // lock-memory, nice, and the per-pid kill fallback; the plugin's own
+    // CAP_SYS_RESOURCE already covers sub-second PSI triggers.
+    assert_eq!(caps, ["CAP_IPC_LOCK", "CAP_SYS_NICE", "CAP_KILL"]);
+    let monitor = nri_qos::pressure::MonitorConfig::default();
+    assert!(
+        monitor.lock_memory && monitor.nice < 0,
+        "the defaults the drop-in serves"
+    );
+}
+
 /// Deserializes into the API type and back: an unknown or misspelled field
 /// is dropped by the typed round trip, so the two values differ.
 fn typed<T: DeserializeOwned + Serialize>(doc: &serde_json::Value) -> T {

@@ -218,6 +218,13 @@ pub struct MonitorConfig {
     pub besteffort_memory_high_factor: f64,
     /// Release killed processes' memory at once with process_mrelease (5.15+).
     pub mrelease: bool,
+    /// Lock the process's memory as it is touched (mlockall with
+    /// MCL_ONFAULT): under pressure the kernel pages out file-backed pages
+    /// first, and the monitor's own code is one of them.
+    pub lock_memory: bool,
+    /// Nice value of the monitor thread (-20..=19; 0 leaves it): the node
+    /// is short of CPU too while memory runs out.
+    pub nice: i32,
 }
 
 impl Default for MonitorConfig {
@@ -250,6 +257,8 @@ impl Default for MonitorConfig {
             reclaim_interval: ms(1000),
             besteffort_memory_high_factor: 0.0,
             mrelease: true,
+            lock_memory: true,
+            nice: -10,
         }
     }
 }
@@ -295,6 +304,9 @@ impl MonitorConfig {
         }
         if self.kubepods.trim().is_empty() {
             return err("kubepods must be \"auto\" or a path".into());
+        }
+        if !(-20..=19).contains(&self.nice) {
+            return err(format!("nice {} must be in -20..=19", self.nice));
         }
         Ok(())
     }

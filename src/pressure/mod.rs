@@ -34,6 +34,7 @@ pub mod cli;
 pub mod config;
 pub mod decide;
 pub mod measure;
+pub mod protect;
 pub mod psi;
 pub mod rank;
 pub mod registry;
@@ -884,11 +885,21 @@ pub async fn run_with_metrics(
     metrics: Option<Arc<crate::metrics::Metrics>>,
 ) -> Result<(), MonitorError> {
     cfg.validate()?;
+    if cfg.lock_memory {
+        match protect::lock_memory() {
+            Ok(()) => {
+                tracing::info!("process memory locked as it is touched (mlockall, MCL_ONFAULT)")
+            }
+            Err(e) => tracing::warn!(error = %e,
+                "not locking the process's memory (needs CAP_IPC_LOCK); under pressure the kernel may page out the monitor's code"),
+        }
+    }
     let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls));
     if let Some(m) = metrics {
         monitor = monitor.with_metrics(m);
     }
-    start(cfg, paths, monitor, Arc::new(SystemClock::default())).await
+    let nice = cfg.nice;
+    start(cfg, paths, monitor, Arc::new(SystemClock::default()), nice).await
 }
 
 /// `run` with the process syscalls and the clock injected.
@@ -901,7 +912,7 @@ pub async fn run_with(
 ) -> Result<(), MonitorError> {
     cfg.validate()?;
     let monitor = Monitor::new(cfg.clone(), paths.clone(), pods, ops);
-    start(cfg, paths, monitor, clock).await
+    start(cfg, paths, monitor, clock, 0).await
 }
 
 /// Arms the PSI triggers on the current runtime and runs the loop on a
@@ -909,11 +920,13 @@ pub async fn run_with(
 /// per check, where tokio's timer wheel wakes twice for every timeout over
 /// 64 ms, which was half the idle cost; and a step's blocking file I/O and
 /// kill wait never hold up the plugin's NRI handlers.
+/// `nice` is applied to the monitor thread alone (0 leaves it).
 async fn start(
     cfg: MonitorConfig,
     paths: Paths,
     monitor: Monitor,
     clock: Arc<dyn Clock>,
+    nice: i32,
 ) -> Result<(), MonitorError> {
     let (tx, rx) = std::sync::mpsc::sync_channel(16);
     let mut triggers = Triggers::new(&cfg, &paths, tx.clone(), tokio::runtime::Handle::current());
@@ -934,6 +947,13 @@ async fn start(
     std::thread::Builder::new()
         .name("nri-qos-monitor".into())
         .spawn(move || {
+            if nice != 0 {
+                match protect::set_thread_nice(nice) {
+                    Ok(()) => tracing::info!(nice, "monitor thread priority raised"),
+                    Err(e) => tracing::warn!(nice, error = %e,
+                        "cannot set the monitor thread's nice value (needs CAP_SYS_NICE); it competes for CPU like any process"),
+                }
+            }
             let r = drive(monitor, rx, clock, Some(triggers), &thread_stop);
             let _ = done_tx.send(r);
         })
