@@ -4,6 +4,12 @@
 //! Usage: memhog <MiB> [rate MiB/s, 0 = as fast as possible] [hold seconds]
 //! Prints one line per 16 MiB: `memhog <epoch_ms> <MiB touched>`, so a
 //! harness can line the ramp up with the monitor's log.
+//!
+//! `memhog --watch <kB> [<kB> ...]`: an independent observer instead. Polls
+//! MemAvailable every 10 ms and prints `watch <epoch_ms> below <kB>` the
+//! first time it drops under each level, so a harness knows when the node
+//! really crossed a threshold, whatever the monitor saw; exits when all are
+//! crossed.
 //! Build static-ish: `cargo build --release --example memhog`
 //! (`RUSTFLAGS='-C target-feature=+crt-static' --target x86_64-unknown-linux-gnu`
 //! for a fully static binary).
@@ -31,7 +37,56 @@ fn arg(n: usize, default: u64) -> u64 {
     }
 }
 
+/// `--watch`: see the module docs.
+fn watch(levels_kb: &[u64]) -> ! {
+    use std::os::unix::fs::FileExt;
+    let meminfo = std::fs::File::open("/proc/meminfo").unwrap_or_else(|e| {
+        eprintln!("memhog --watch: /proc/meminfo: {e}");
+        std::process::exit(1)
+    });
+    let mut pending: Vec<u64> = levels_kb.to_vec();
+    let mut buf = vec![0u8; 8192];
+    while !pending.is_empty() {
+        let n = meminfo.read_at(&mut buf, 0).unwrap_or(0);
+        let available = std::str::from_utf8(&buf[..n]).ok().and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("MemAvailable:")?
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+        });
+        if let Some(kb) = available {
+            let now = epoch_ms();
+            pending.retain(|&level| {
+                let crossed = kb < level;
+                if crossed {
+                    println!("watch {now} below {level} available {kb}");
+                }
+                !crossed
+            });
+            let _ = std::io::stdout().flush();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::process::exit(0)
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--watch") {
+        let levels: Vec<u64> = std::env::args()
+            .skip(2)
+            .map(|a| {
+                a.parse().unwrap_or_else(|_| {
+                    eprintln!("usage: memhog --watch <kB> [<kB> ...]; bad level {a:?}");
+                    std::process::exit(2)
+                })
+            })
+            .collect();
+        watch(&levels);
+    }
     let total = arg(1, 256) as usize;
     let rate = arg(2, 0);
     let hold = arg(3, 3600);

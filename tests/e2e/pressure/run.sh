@@ -12,9 +12,10 @@
 #   2. self-limit: one pod thrashing against its own memory.max: no eviction
 #   3. node:       RUNS x a BestEffort hog ramping at RATE MiB/s past the
 #                  thresholds next to a Guaranteed and a Burstable pod
-# Writes OUT/summary.txt (key=value), OUT/monitor.log (JSON lines) and
-# OUT/runN-hog.log (memhog progress, epoch ms); the host turns them into
-# latency figures (scripts/bench-pressure.sh).
+# Writes OUT/summary.txt (key=value), OUT/monitor.log (JSON lines),
+# OUT/runN-hog.log (memhog progress, epoch ms) and OUT/runN-watch.log (when
+# MemAvailable crossed the thresholds); the host turns them into latency
+# figures (scripts/bench-pressure.sh).
 set -eu
 
 NRI_QOS=${NRI_QOS:?path of nri-qos}
@@ -106,6 +107,13 @@ put idle_s "$IDLE_S"
 put idle_cpu_ticks $((c1 - c0))
 put idle_cpu_pct_of_core "$(awk -v t=$((c1 - c0)) -v hz=$HZ -v s="$IDLE_S" 'BEGIN{printf "%.4f", 100 * t / hz / s}')"
 put rss_kb "$(status_kb $MPID VmRSS)"
+# lock-memory and nice (defaults on): the locked share of RSS, the thread's nice
+put locked_kb "$(status_kb $MPID VmLck)"
+for t in /proc/$MPID/task/*; do
+  if [ "$(cat "$t/comm")" = nri-qos-monitor ]; then
+    put monitor_thread_nice "$(awk '{print $19}' "$t/stat")"
+  fi
+done
 
 # --- 2. one pod at its own limit --------------------------------------------
 log "self-limit"
@@ -137,9 +145,14 @@ while [ "$run" -le "$RUNS" ]; do
   oom0=$(vmstat oom_kill)
   c0=$(cpu_ticks $MPID)
   t0=$(uptime_ms)
+  # An observer outside kubepods: when MemAvailable really drops below the
+  # soft (300Mi) and hard (100Mi) thresholds, whatever the monitor saw.
+  "$MEMHOG" --watch 307200 102400 >"$OUT/run$run-watch.log" 2>&1 &
+  w_pid=$!
   # far more than the node has; timeout in case nothing kills it
   run_in "$ep/app" "$OUT/run$run-hog.log" timeout 120 "$MEMHOG" $((avail_kb / 1024 + 1024)) "$RATE" 600
   wait "$LAST_PID" 2>/dev/null || true
+  kill "$w_pid" 2>/dev/null || true
   t1=$(uptime_ms)
   c1=$(cpu_ticks $MPID)
   sleep 2
