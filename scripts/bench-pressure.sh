@@ -4,28 +4,33 @@
 # reports detection-to-kill latency, kill-to-free time, kernel OOM kills,
 # idle CPU and RSS.
 #
-#   scripts/bench-pressure.sh [--runs 10] [--rate 256] [--idle 60]
+#   scripts/bench-pressure.sh [--runs 10] [--rate 256] [--idle 60] [--native-only]
+#
+# --native-only skips the VM and measures only the idle cost on this
+# machine's own CPU (fake trees in a temp directory), in about --idle s.
 #
 # rate: MiB/s the BestEffort hog allocates (each run ramps it past the
 # thresholds). Under qemu's software emulation the VM is ~10-50x slower than
 # hardware, so latencies here are upper bounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=10 rate=256 idle=60
+runs=10 rate=256 idle=60 vm=1
 while [ $# -gt 0 ]; do
   case "$1" in
   --runs) runs="$2"; shift 2 ;;
   --rate) rate="$2"; shift 2 ;;
   --idle) idle="$2"; shift 2 ;;
-  *) echo "usage: $0 [--runs N] [--rate MiB/s] [--idle s]" >&2; exit 2 ;;
+  --native-only) vm=0; shift ;;
+  *) echo "usage: $0 [--runs N] [--rate MiB/s] [--idle s] [--native-only]" >&2; exit 2 ;;
   esac
 done
 export E2E_WORK="${E2E_WORK:-$PWD/tests/e2e/work/bench}"
 export E2E_BENCH_RUNS="$runs" E2E_BENCH_RATE="$rate" E2E_BENCH_IDLE_S="$idle"
 export E2E_VM_TIMEOUT=$((300 + idle + runs * 60))
 mkdir -p "$E2E_WORK"
-bash tests/e2e/fetch.sh >&2
 cargo build --release --locked --bin nri-qos >&2
+if [ "$vm" = 1 ]; then
+bash tests/e2e/fetch.sh >&2
 NRI_QOS_BIN="$PWD/target/release/nri-qos" bash tests/e2e/run.sh --containerd 2.1 --pressure-bench >&2 || true
 python3 - "$E2E_WORK/console-2.1-none.log" <<'PY'
 import json, re, statistics, sys
@@ -108,6 +113,7 @@ print(f"idle: {summary.get('idle_cpu_pct_of_core')} % of one core over {summary.
 print(f"lock-memory: VmLck {summary.get('locked_kb')} kB (whole mappings, resident only as touched: see RSS); "
       f"monitor thread nice {summary.get('monitor_thread_nice')}")
 PY
+fi
 
 # Idle cost on this machine's own CPU (no emulation): the same monitor on
 # fake trees (temp dirs; no PSI triggers, nothing of the host's cgroups is

@@ -34,7 +34,10 @@ impl PluginProcess {
     /// External mode: the plugin dials `socket`.
     pub fn external(socket: &Path, dir: &Path, extra: &[&str]) -> Self {
         let log = dir.join("plugin.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_nri-qos"))
+        // NRI_QOS_BIN: another build of the plugin, for A/B benchmarks.
+        let bin =
+            std::env::var_os("NRI_QOS_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_nri-qos").into());
+        let child = Command::new(bin)
             .arg("run")
             .arg("--socket")
             .arg(socket)
