@@ -10,7 +10,7 @@
 //! tree, so a restart computes the same writes; writes are idempotent and a
 //! failed one is retried on the next event or tick.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -87,6 +87,15 @@ pub struct Keeper {
     warned_layouts: HashSet<String>,
     warned_budget: bool,
     stats: KeeperStats,
+}
+
+/// Bound on unknown pod cgroups considered per pass (a node runs ~110 pods).
+const MAX_UNKNOWN_PODS: usize = 4096;
+
+/// `populated 1` in the cgroup's `cgroup.events` (false when unreadable).
+fn populated(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.events"))
+        .is_ok_and(|t| t.lines().any(|l| l.trim() == "populated 1"))
 }
 
 fn read_value(path: &Path) -> Option<u64> {
@@ -166,15 +175,86 @@ impl Keeper {
         })
     }
 
+    /// Pod cgroups on disk, under the kubepods cgroups of `known`, that
+    /// `known` does not hold, with the protection they carry now. The
+    /// runtime's view can be incomplete: containerd 1.7 never synchronizes a
+    /// pre-launched plugin, so after a restart every running pod is unknown,
+    /// and containers created during a sync can be missed. Leaving such pods
+    /// out of their parents' sums would lower the parents below them, and
+    /// the kernel caps a child's protection at its parent's.
+    fn unknown_pods(&self, known: &[PodProtection]) -> Vec<PodProtection> {
+        let known_paths: HashSet<&Path> = known.iter().map(|p| p.cgroups.pod.as_path()).collect();
+        let roots: BTreeSet<&PathBuf> = known.iter().map(|p| &p.cgroups.kubepods).collect();
+        let children = |dir: &Path| -> Vec<PathBuf> {
+            std::fs::read_dir(self.root.join(dir))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| dir.join(e.file_name()))
+                .collect()
+        };
+        let mut out = Vec::new();
+        for root in roots {
+            // Guaranteed pods and the QoS cgroups sit in kubepods; the other
+            // pods one level down. MAX_UNKNOWN bounds the work on odd trees.
+            let mut candidates = children(root);
+            let nested: Vec<PathBuf> = candidates.iter().flat_map(|c| children(c)).collect();
+            candidates.extend(nested);
+            for path in candidates {
+                if out.len() >= MAX_UNKNOWN_PODS || known_paths.contains(path.as_path()) {
+                    continue;
+                }
+                let Some(cgroups) = path.to_str().and_then(pod_cgroups) else {
+                    continue;
+                };
+                // Only a pod where its name says it belongs.
+                if cgroups.pod != path || &cgroups.kubepods != root {
+                    continue;
+                }
+                let dir = self.root.join(&path);
+                // A pod that is gone but whose cgroup the kubelet has not
+                // removed yet holds nothing to protect; counting it would
+                // lend its share to the wrong siblings (memory_recursiveprot).
+                if !populated(&dir) {
+                    continue;
+                }
+                let memory_min = read_value(&dir.join("memory.min")).unwrap_or(0);
+                let memory_low = read_value(&dir.join("memory.low")).unwrap_or(0);
+                if memory_min > 0 || memory_low > 0 {
+                    out.push(PodProtection {
+                        cgroups,
+                        memory_min,
+                        memory_low,
+                    });
+                }
+            }
+        }
+        out
+    }
+
     /// One pass: compute targets, read what is there, write the difference
-    /// in a safe order. Cgroups that do not exist yet are skipped.
+    /// in a safe order. Cgroups that do not exist yet are skipped; pods the
+    /// runtime did not tell us about count in their parents' sums with what
+    /// they carry, and are never written.
     pub fn reconcile(&mut self, pods: &[PodProtection]) -> PassReport {
         let budget = plan::budget(
             self.mem_total,
             self.cfg.reserve_bytes,
             self.cfg.budget_share,
         );
-        let mut t = plan::targets(pods, budget);
+        let unknown = self.unknown_pods(pods);
+        if !unknown.is_empty() {
+            debug!(
+                pods = unknown.len(),
+                "protected pod cgroups the runtime did not report; counted in their parents, left alone"
+            );
+        }
+        let all: Vec<PodProtection> = pods.iter().chain(&unknown).cloned().collect();
+        let mut t = plan::targets(&all, budget);
+        for p in &unknown {
+            t.by_cgroup.remove(&p.cgroups.pod);
+        }
         // Only cgroups that exist: we never create what the kubelet owns.
         let mut missing = 0;
         t.by_cgroup.retain(|cg, _| {
@@ -404,6 +484,68 @@ mod tests {
         assert_eq!(r.missing, 2);
         assert!(!root.join("kubepods/burstable").exists());
         assert_eq!(read(root, "kubepods", "memory.low"), 40960);
+    }
+
+    /// A pod cgroup the runtime did not report, carrying `min`/`low`.
+    fn unknown_pod(root: &Path, cg: &str, min: u64, low: u64, populated: bool) {
+        tree(root, &[cg]);
+        std::fs::write(root.join(cg).join("memory.min"), min.to_string()).unwrap();
+        std::fs::write(root.join(cg).join("memory.low"), low.to_string()).unwrap();
+        let events = format!("populated {}\nfrozen 0\n", u8::from(populated));
+        std::fs::write(root.join(cg).join("cgroup.events"), events).unwrap();
+    }
+
+    #[test]
+    fn pods_the_runtime_did_not_report_keep_their_parents_protection() {
+        // containerd 1.7 never synchronizes a pre-launched plugin: after a
+        // restart it learns only of new pods, while older ones still run
+        // with the protection an earlier plugin process gave them.
+        for (kubepods, qos, known_parent, old, gone, guaranteed) in [
+            (
+                "kubepods",
+                "kubepods/burstable",
+                "/kubepods/burstable/podnew",
+                "kubepods/burstable/podold",
+                "kubepods/burstable/podgone",
+                "kubepods/podg",
+            ),
+            (
+                "kubepods.slice",
+                "kubepods.slice/kubepods-burstable.slice",
+                "kubepods-burstable-podnew.slice",
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podold.slice",
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podgone.slice",
+                "kubepods.slice/kubepods-podg.slice",
+            ),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path();
+            tree(root, &[kubepods, qos]);
+            let new_pod = pod_cgroups(known_parent).unwrap().pod;
+            tree(root, &[new_pod.to_str().unwrap()]);
+            unknown_pod(root, old, 0, 300 << 20, true);
+            unknown_pod(root, guaranteed, 1 << 30, 0, true);
+            // removed by the runtime, cgroup not yet by the kubelet: empty
+            unknown_pod(root, gone, 0, 500 << 20, false);
+            let reg = registry(&[("new", known_parent, 0, 100 << 20)]);
+            let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+            let pods = k.pods_from_registry(&reg);
+            let r = k.reconcile(&pods);
+            assert_eq!(r.failed, 0, "{kubepods}");
+            assert_eq!(read(root, qos, "memory.low"), 400 << 20, "{kubepods}");
+            assert_eq!(read(root, kubepods, "memory.low"), 400 << 20, "{kubepods}");
+            assert_eq!(read(root, kubepods, "memory.min"), 1 << 30, "{kubepods}");
+            // Unknown pods are read, never written.
+            assert_eq!(read(root, old, "memory.low"), 300 << 20, "{kubepods}");
+            assert_eq!(read(root, gone, "memory.low"), 500 << 20, "{kubepods}");
+            let new_pod = new_pod.to_str().unwrap();
+            assert_eq!(read(root, new_pod, "memory.low"), 100 << 20, "{kubepods}");
+
+            // Once the old pod's cgroup is gone, its share leaves the parents.
+            std::fs::remove_dir_all(root.join(old)).unwrap();
+            k.reconcile(&pods);
+            assert_eq!(read(root, qos, "memory.low"), 100 << 20, "{kubepods}");
+        }
     }
 
     #[test]
