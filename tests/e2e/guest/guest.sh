@@ -295,12 +295,41 @@ if [ "$E2E_PLUGIN" = external ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ -n "$plug
     /e2e/bin/cri-client cleanup || rc=1
 fi
 
-# Resilience (pre-launched plugin): the runtime owns the plugin's life. A
-# plugin that dies stays gone until containerd restarts; pods created
-# meanwhile still start. The restarted containerd launches a new plugin
-# process, which registers, is synchronized (NRI >= v0.7 synchronizes
-# pre-launched plugins) and brings the pods made without it into line.
-if [ "$E2E_PLUGIN" = prelaunched ] && [ "${E2E_RESILIENCE:-0}" = 1 ]; then
+# Resilience (pre-launched plugin on containerd 1.7): NRI v0.6.1 never
+# synchronizes a pre-launched plugin, so after a containerd restart the new
+# plugin process knows only the pods created from then on. The pods from
+# before keep their own values, and the hierarchy keeper must not lower
+# their QoS and kubepods parents below them: `nri-qos audit`, which gets the
+# runtime's full list, checks every sum.
+if [ "$E2E_PLUGIN" = prelaunched ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ "$E2E_CONTAINERD" = 1.7 ]; then
+    /e2e/bin/cri-client run /e2e/scenarios/basic.json --keep --expect-explain >/tmp/res1.out 2>&1 || rc=1
+    grep "E2E-CHECK .* FAIL" /tmp/res1.out
+    old="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
+    configs_before="$(log_count 'configured by the runtime')"
+    info "resilience: restarting containerd; its new plugin will not be synchronized (NRI v0.6.1)"
+    restart_containerd
+    i=0
+    while [ "$(log_count 'configured by the runtime')" -le "$configs_before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+    new="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
+    if [ -n "$new" ] && [ "$new" != "$old" ] && [ "$(log_count 'configured by the runtime')" -gt "$configs_before" ]; then
+        check resilience.relaunched PASS "containerd launched pid $new (was ${old:-none}); synchronized: $(log_count 'synchronized with the runtime') times in all"
+    else
+        check resilience.relaunched FAIL "old pid ${old:-none}, new pid ${new:-none}"
+        rc=1
+    fi
+    /e2e/bin/cri-client run /e2e/scenarios/late.json --keep --expect-explain || rc=1
+    # Give the keeper its pass after the late pod's events.
+    sleep 1
+    audit resilience.unsynchronized_plugin_keeps_parents
+    /e2e/bin/cri-client cleanup || rc=1
+fi
+
+# Resilience (pre-launched plugin, NRI >= v0.7): the runtime owns the
+# plugin's life. A plugin that dies stays gone until containerd restarts;
+# pods created meanwhile still start. The restarted containerd launches a
+# new plugin process, which registers, is synchronized and brings the pods
+# made without it into line.
+if [ "$E2E_PLUGIN" = prelaunched ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ "$E2E_CONTAINERD" != 1.7 ]; then
     if old="$(pid_of /opt/nri/plugins/10-nri-qos)"; then
         kill -9 "$old"
         i=0
