@@ -52,3 +52,10 @@ w = [max(len(r[i]) for r in rows) for i in range(5)]
 for r in rows:
     print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip())
 PY
+# Each run also checked the kernel against what the runtime or nri-qos must
+# produce; say whether every check held.
+for plugin in none prelaunched; do
+  summary="$(grep -h -E '^  (PASS|FAIL) containerd' "$E2E_WORK/demo-$plugin.out" || echo "  no result (see $E2E_WORK/demo-$plugin.out)")"
+  checks="$(grep -h -o '[0-9]* checks passed, [0-9]* failed' "$E2E_WORK/demo-$plugin.out" | head -n 1)"
+  echo "plugin=$plugin:${summary#  } ${checks:+($checks)}"
+done
