@@ -22,6 +22,7 @@ use tracing::{debug, info, warn};
 use super::layout::{pod_cgroups, PodCgroups};
 use super::plan::{self, PodProtection, Protection, Write};
 use crate::nri::plugin::Registry;
+use crate::pressure::stat::read_populated;
 
 /// `[hierarchy]` in `config/nri-qos.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,12 +92,6 @@ pub struct Keeper {
 
 /// Bound on unknown pod cgroups considered per pass (a node runs ~110 pods).
 const MAX_UNKNOWN_PODS: usize = 4096;
-
-/// `populated 1` in the cgroup's `cgroup.events` (false when unreadable).
-fn populated(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join("cgroup.events"))
-        .is_ok_and(|t| t.lines().any(|l| l.trim() == "populated 1"))
-}
 
 fn read_value(path: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(path).ok()?;
@@ -197,7 +192,7 @@ impl Keeper {
         let mut out = Vec::new();
         for root in roots {
             // Guaranteed pods and the QoS cgroups sit in kubepods; the other
-            // pods one level down. MAX_UNKNOWN bounds the work on odd trees.
+            // pods one level down. MAX_UNKNOWN_PODS bounds what we keep.
             let mut candidates = children(root);
             let nested: Vec<PathBuf> = candidates.iter().flat_map(|c| children(c)).collect();
             candidates.extend(nested);
@@ -216,7 +211,9 @@ impl Keeper {
                 // A pod that is gone but whose cgroup the kubelet has not
                 // removed yet holds nothing to protect; counting it would
                 // lend its share to the wrong siblings (memory_recursiveprot).
-                if !populated(&dir) {
+                // Unreadable counts as empty here: we only add protection
+                // for pods we can see running.
+                if !read_populated(&dir).unwrap_or(false) {
                     continue;
                 }
                 let memory_min = read_value(&dir.join("memory.min")).unwrap_or(0);

@@ -165,8 +165,8 @@ fn collect_pids(cg: &Path, depth: usize, out: &mut Vec<i32>) {
 
 /// `populated` from `cgroup.events`; a vanished cgroup counts as empty.
 pub fn populated(cg: &Path) -> bool {
-    match stat::read_flat_keyed(&cg.join("cgroup.events")) {
-        Ok(m) => m.get("populated").copied().unwrap_or(0) != 0,
+    match stat::read_populated(cg) {
+        Ok(populated) => populated,
         Err(e) if e.is_not_found() => false,
         // Unreadable but present: assume still busy, kill-timeout bounds it.
         Err(_) => true,

@@ -73,6 +73,13 @@ pub fn read_flat_keyed(path: &Path) -> Result<HashMap<String, u64>, ReadError> {
     parse_flat_keyed(path, &read(path)?)
 }
 
+/// `populated` of a cgroup's `cgroup.events`: whether any process is in its
+/// subtree. Callers decide what an unreadable file means for them.
+pub fn read_populated(cg: &Path) -> Result<bool, ReadError> {
+    let events = read_flat_keyed(&cg.join("cgroup.events"))?;
+    Ok(events.get("populated").copied().unwrap_or(0) != 0)
+}
+
 /// `/proc/meminfo`: `Key:   123 kB` lines, returned in bytes.
 pub fn parse_meminfo(path: &Path, text: &str) -> Result<HashMap<String, u64>, ReadError> {
     let mut out = HashMap::new();
