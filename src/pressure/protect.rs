@@ -52,40 +52,43 @@ pub fn lock_memory() -> io::Result<()> {
     }
 }
 
+/// The calling thread's kernel id: the "process" a per-thread
+/// setpriority/getpriority call names.
+fn current_tid() -> io::Result<libc::id_t> {
+    // SAFETY: gettid has no arguments and cannot fail.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    libc::id_t::try_from(tid).map_err(|_| io::Error::other("thread id out of range"))
+}
+
 /// Sets the nice value of the calling thread only (Linux keeps one per
 /// thread). Lowering it needs CAP_SYS_NICE.
 pub fn set_thread_nice(nice: i32) -> io::Result<()> {
-    // SAFETY: gettid has no arguments and cannot fail.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::other("thread id out of range"))?;
     // SAFETY: setpriority takes plain integers.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } == 0 {
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, current_tid()?, nice) } == 0 {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
     }
 }
 
-/// The calling thread's nice value.
-pub fn thread_nice() -> io::Result<i32> {
-    // SAFETY: as above.
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    let tid = libc::id_t::try_from(tid).map_err(|_| io::Error::other("thread id out of range"))?;
-    // getpriority returns the nice value, and -1 is a valid one: clear errno first.
-    // SAFETY: __errno_location points at this thread's errno; getpriority takes integers.
-    unsafe {
-        *libc::__errno_location() = 0;
-        let n = libc::getpriority(libc::PRIO_PROCESS, tid);
-        match io::Error::last_os_error().raw_os_error() {
-            Some(0) | None => Ok(n),
-            Some(_) => Err(io::Error::last_os_error()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calling thread's nice value.
+    fn thread_nice() -> io::Result<i32> {
+        let tid = current_tid()?;
+        // getpriority returns the nice value, and -1 is a valid one: clear errno first.
+        // SAFETY: __errno_location points at this thread's errno; getpriority takes integers.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let n = libc::getpriority(libc::PRIO_PROCESS, tid);
+            match io::Error::last_os_error().raw_os_error() {
+                Some(0) | None => Ok(n),
+                Some(_) => Err(io::Error::last_os_error()),
+            }
+        }
+    }
 
     #[test]
     fn cap_ipc_lock_is_read_from_the_effective_set() {
