@@ -252,6 +252,20 @@ log_count() {
     echo "${n:-0}"
 }
 
+# Restarts containerd and waits (at most 30 s) until our log gains a line
+# matching $1, written by the pre-launched plugin process it starts. Sets
+# $new (that pid, or empty), $before (matching lines before) and $waited_s;
+# true when a process other than $2 is running and the line came.
+relaunch_plugin() {
+    before="$(log_count "$1")"
+    restart_containerd
+    i=0
+    while [ "$(log_count "$1")" -le "$before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+    waited_s=$((i / 5))
+    new="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
+    [ -n "$new" ] && [ "$new" != "$2" ] && [ "$(log_count "$1")" -gt "$before" ]
+}
+
 # Pods created while no plugin runs must still start, with the runtime's own
 # values (our policy never stands between the kubelet and a pod).
 pods_without_plugin() {
@@ -305,13 +319,8 @@ if [ "$E2E_PLUGIN" = prelaunched ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ "$E2E_
     /e2e/bin/cri-client run /e2e/scenarios/basic.json --keep --expect-explain >/tmp/res1.out 2>&1 || rc=1
     grep "E2E-CHECK .* FAIL" /tmp/res1.out
     old="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
-    configs_before="$(log_count 'configured by the runtime')"
     info "resilience: restarting containerd; its new plugin will not be synchronized (NRI v0.6.1)"
-    restart_containerd
-    i=0
-    while [ "$(log_count 'configured by the runtime')" -le "$configs_before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
-    new="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
-    if [ -n "$new" ] && [ "$new" != "$old" ] && [ "$(log_count 'configured by the runtime')" -gt "$configs_before" ]; then
+    if relaunch_plugin 'configured by the runtime' "$old"; then
         check resilience.relaunched PASS "containerd launched pid $new (was ${old:-none}); synchronized: $(log_count 'synchronized with the runtime') times in all"
     else
         check resilience.relaunched FAIL "old pid ${old:-none}, new pid ${new:-none}"
@@ -336,16 +345,11 @@ if [ "$E2E_PLUGIN" = prelaunched ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ "$E2E_
         while kill -0 "$old" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
         info "resilience: pre-launched plugin (pid $old) killed; creating pods without it"
         pods_without_plugin
-        syncs_before="$(log_count 'synchronized with the runtime')"
         info "resilience: restarting containerd; it launches the plugin again"
-        restart_containerd
-        i=0
-        while [ "$(log_count 'synchronized with the runtime')" -le "$syncs_before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
-        new="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
-        if [ -n "$new" ] && [ "$new" != "$old" ] && [ "$(log_count 'synchronized with the runtime')" -gt "$syncs_before" ]; then
-            check resilience.relaunched PASS "containerd launched pid $new, synchronized after $((i / 5)) s: $(grep 'synchronized with the runtime' /var/log/nri-qos.log | tail -n 1 | sed -e 's/\x1b\[[0-9;]*m//g' -e 's/.*synchronized with the runtime *//')"
+        if relaunch_plugin 'synchronized with the runtime' "$old"; then
+            check resilience.relaunched PASS "containerd launched pid $new, synchronized after $waited_s s: $(grep 'synchronized with the runtime' /var/log/nri-qos.log | tail -n 1 | sed -e 's/\x1b\[[0-9;]*m//g' -e 's/.*synchronized with the runtime *//')"
         else
-            check resilience.relaunched FAIL "old pid $old, new pid ${new:-none}, syncs $(log_count 'synchronized with the runtime') (before $syncs_before)"
+            check resilience.relaunched FAIL "old pid $old, new pid ${new:-none}, syncs $(log_count 'synchronized with the runtime') (before $before)"
             rc=1
         fi
         # The pods created without the plugin, updated through Synchronize.
