@@ -39,6 +39,7 @@ pub mod psi;
 pub mod rank;
 pub mod registry;
 pub mod stat;
+pub mod throttle;
 pub mod tree;
 mod triggers;
 
