@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::cgroup::HierarchyConfig;
+use crate::pressure::throttle::ThrottleConfig;
 use crate::pressure::MonitorConfig;
 use crate::qos::PolicyConfig;
 
@@ -25,6 +26,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub hierarchy: HierarchyConfig,
     pub monitor: MonitorConfig,
+    /// The memory.high throttle guard of the monitor.
+    pub throttle: ThrottleConfig,
     pub metrics: MetricsConfig,
 }
 
@@ -342,6 +345,10 @@ impl Config {
         })?;
         self.monitor.validate().map_err(|e| ConfigError::Invalid {
             field: "monitor",
+            reason: e.to_string(),
+        })?;
+        self.throttle.validate().map_err(|e| ConfigError::Invalid {
+            field: "throttle",
             reason: e.to_string(),
         })?;
         self.policy

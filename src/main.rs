@@ -421,7 +421,8 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
                 cgroup_root: cfg.node.cgroup_root.clone(),
                 proc_root: cfg.node.proc_root.clone(),
             };
-            let monitor_cfg = cfg.monitor.clone();
+            let mut monitor_cfg = cfg.monitor.clone();
+            monitor_cfg.throttle = cfg.throttle.clone();
             let metrics = cfg.metrics.enabled.then(|| plugin.metrics());
             tokio::spawn(async move {
                 if let Err(e) =

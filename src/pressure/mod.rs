@@ -33,6 +33,7 @@ pub mod act;
 pub mod cli;
 pub mod config;
 pub mod decide;
+mod guard;
 pub mod measure;
 pub mod protect;
 pub mod psi;
@@ -161,7 +162,17 @@ pub struct StepReport {
     pub emptied_after: Option<Duration>,
     /// Pods whose own memory.max explains a PSI wake-up.
     pub limit_bound: Vec<String>,
+    /// Container cgroups whose memory.high the throttle guard relaxed (or
+    /// would, in dry-run) in this step.
+    pub relaxed: Vec<PathBuf>,
     pub next_check: Duration,
+}
+
+/// Why a pod is killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    Node(Reason),
+    Throttle(throttle::Signal),
 }
 
 #[derive(Debug, Clone)]
@@ -216,6 +227,10 @@ pub struct Monitor {
     /// every full step, so a replaced file is picked up.
     meminfo: Option<std::fs::File>,
     meminfo_buf: Vec<u8>,
+    /// The per-container memory.high throttle guard and its cheap filter.
+    guard: throttle::Guard,
+    throttle_filter: throttle::Filter,
+    relaxer: Arc<dyn throttle::Relaxer>,
 }
 
 impl Monitor {
@@ -237,6 +252,7 @@ impl Monitor {
             .map(|t| Duration::from_micros(t.window_us))
             .max()
             .unwrap_or(Duration::from_secs(1));
+        let guard = throttle::Guard::new(cfg.throttle.clone());
         Monitor {
             psi_followup,
             fast_until: None,
@@ -259,7 +275,17 @@ impl Monitor {
             capacity: 0,
             meminfo: None,
             meminfo_buf: Vec::new(),
+            guard,
+            throttle_filter: throttle::Filter::default(),
+            relaxer: Arc::new(throttle::FileRelaxer),
         }
+    }
+
+    /// Relaxes memory.high through `relaxer` (the plugin's NRI session)
+    /// instead of writing the cgroup file.
+    pub fn with_relaxer(mut self, relaxer: Arc<dyn throttle::Relaxer>) -> Self {
+        self.relaxer = relaxer;
+        self
     }
 
     /// A tick between full steps while calm needs only the quick check;
@@ -268,6 +294,7 @@ impl Monitor {
     pub fn quick(&mut self, wake: &Wake, now: Duration) -> Option<Duration> {
         let calm = self.victim.is_none()
             && !self.decider.busy()
+            && !self.guard.busy()
             && self.fast_until.is_none_or(|t| now >= t);
         if matches!(wake, Wake::Tick) && calm && now < self.next_full {
             self.quick_check()
@@ -446,6 +473,7 @@ impl Monitor {
             reclaimed: Vec::new(),
             emptied_after: None,
             limit_bound: Vec::new(),
+            relaxed: Vec::new(),
             next_check: self.cfg.pressure_interval.0,
         };
 
@@ -503,6 +531,10 @@ impl Monitor {
             }
         }
 
+        if self.cfg.throttle.enabled && self.victim.is_none() && report.killed.is_none() {
+            self.throttle_pass(wake, now, &mut report);
+        }
+
         if !self.decider.pressure() {
             if !self.lowered_high.is_empty() {
                 self.restore_high();
@@ -513,6 +545,9 @@ impl Monitor {
         if !self.decider.busy() && !following_psi {
             report.next_check = self.calm_interval(&report);
             self.next_full = now + self.cfg.check_interval.0;
+        }
+        if self.guard.busy() {
+            report.next_check = report.next_check.min(self.cfg.throttle.interval.0);
         }
         report
     }
@@ -801,6 +836,21 @@ impl Monitor {
             dry_run = self.cfg.dry_run,
             "killing pod"
         );
+        self.kill(victim.clone(), wake, now, Cause::Node(reason), report);
+    }
+
+    /// The one kill path (node pressure and the throttle guard): dry-run,
+    /// cgroup.kill + process_mrelease, watch the cgroup empty, then the
+    /// decider's in-flight / cooldown.
+    fn kill(
+        &mut self,
+        victim: Candidate,
+        wake: &Wake,
+        now: Duration,
+        cause: Cause,
+        report: &mut StepReport,
+    ) {
+        let victim = &victim;
         if self.cfg.dry_run {
             report.would_kill = Some(victim.uid.clone());
             // Behave as if it finished at once, so dry-run logs once per cooldown.
@@ -831,11 +881,16 @@ impl Monitor {
                         .met_since()
                         .map_or(0, |m| now.saturating_sub(m).as_millis() as u64),
                     wake = %wake,
+                    cause = ?cause,
                     "killed pod"
                 );
                 report.killed = Some(victim.uid.clone());
                 if let Some(m) = &self.metrics {
-                    m.inc_eviction(&format!("{:?}", victim.class), &format!("{reason:?}"));
+                    let class = format!("{:?}", victim.class);
+                    match cause {
+                        Cause::Node(reason) => m.inc_eviction(&class, &format!("{reason:?}")),
+                        Cause::Throttle(signal) => m.inc_throttle_eviction(&class, signal.label()),
+                    }
                 }
                 self.decider.kill_started(now);
                 // Nothing else may happen while the kill is in flight, so

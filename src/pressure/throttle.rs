@@ -351,6 +351,17 @@ impl Guard {
         }
     }
 
+    /// Whether any tracked container below `cg` needs watching.
+    pub fn busy_under(&self, cg: &Path) -> bool {
+        self.tracks.iter().any(|(p, t)| {
+            p.starts_with(cg) && (t.under_since.is_some() || t.settle_until.is_some())
+        })
+    }
+
+    pub fn is_tracked(&self, path: &Path) -> bool {
+        self.tracks.contains_key(path)
+    }
+
     /// Tracked container paths (for the monitor's quiet/prune pass).
     pub fn tracked(&self) -> Vec<PathBuf> {
         self.tracks.keys().cloned().collect()
@@ -461,6 +472,32 @@ pub fn read_container(
         high,
         max,
     })
+}
+
+/// memory.high as written to the file: bytes, or "max".
+pub fn high_value(v: Option<u64>) -> String {
+    v.map_or_else(|| "max".to_string(), |b| b.to_string())
+}
+
+/// How a relax reaches the kernel. The monitor calls it from its own
+/// thread, never from an NRI handler; it must not block for long.
+pub trait Relaxer: Send + Sync {
+    /// Raises the container's memory.high to [`Sample::relax_value`].
+    /// Returns the route taken, for the decision's log line.
+    fn relax(&self, s: &Sample) -> Result<&'static str, String>;
+}
+
+/// Writes memory.high of the container cgroup: the monitor alone (no NRI
+/// session to tell the runtime through).
+#[derive(Debug, Default)]
+pub struct FileRelaxer;
+
+impl Relaxer for FileRelaxer {
+    fn relax(&self, s: &Sample) -> Result<&'static str, String> {
+        super::act::write_file(&s.path.join("memory.high"), &high_value(s.relax_value()))
+            .map(|()| "cgroup-file")
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// Container cgroups directly under a pod cgroup.
