@@ -7,6 +7,7 @@
 //! real cgroup files and `/proc/<pid>/oom_score_adj`; for the pod, QoS and
 //! kubepods cgroups it recomputes the hierarchy keeper's plan.
 
+pub use crate::cgroup::layout::{container_cgroup_dir, systemd_slice_path};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -171,34 +172,6 @@ fn read_trimmed(path: &Path) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// The container's cgroup directory from the runtime's cgroups path:
-/// `/parent/id` (cgroupfs) or `slice:prefix:id` (systemd).
-pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
-    let parts: Vec<&str> = cgroups_path.split(':').collect();
-    match parts.as_slice() {
-        [path] if !path.is_empty() => Some(PathBuf::from(path.trim_start_matches('/'))),
-        [slice, prefix, id] if slice.ends_with(".slice") && !id.is_empty() => {
-            Some(systemd_slice_path(slice).join(format!("{prefix}-{id}.scope")))
-        }
-        _ => None,
-    }
-}
-
-/// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
-pub fn systemd_slice_path(slice: &str) -> PathBuf {
-    let name = slice.strip_suffix(".slice").unwrap_or(slice);
-    let mut path = PathBuf::new();
-    let mut prefix = String::new();
-    for part in name.split('-') {
-        if !prefix.is_empty() {
-            prefix.push('-');
-        }
-        prefix.push_str(part);
-        path.push(format!("{prefix}.slice"));
-    }
-    path
-}
-
 fn check(key: &str, expected: String, actual: Option<String>) -> Check {
     let actual = actual.unwrap_or_else(|| "(unreadable)".into());
     Check {
@@ -207,6 +180,12 @@ fn check(key: &str, expected: String, actual: Option<String>) -> Check {
         expected: Some(expected),
         actual,
     }
+}
+
+/// memory.high raised to memory.max by the monitor's throttle guard: not
+/// drift, the policy leaves it so until the container restarts or is resized.
+fn relaxed(want: &str, dir: &Path) -> bool {
+    crate::pressure::throttle::relaxed_in_tree(dir, want)
 }
 
 /// A value the policy does not claim: reported, not judged.
@@ -287,6 +266,15 @@ pub fn audit(
             // be in the kernel without being visible here: report, not drift.
             for key in ["memory.min", "memory.low", "memory.high"] {
                 checks.push(match eff.unified.get(key) {
+                    Some(want) if key == "memory.high" && relaxed(want, &dir) => Check {
+                        key: key.into(),
+                        expected: Some(want.clone()),
+                        actual: format!(
+                            "{} (relaxed by the throttle guard)",
+                            file(key).unwrap_or_default()
+                        ),
+                        ok: true,
+                    },
                     Some(want) => check(key, want.clone(), file(key)),
                     None => report_only(key, file(key)),
                 });

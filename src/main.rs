@@ -373,6 +373,7 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
         dry_run: cfg.plugin.dry_run,
         adjust_existing: cfg.plugin.adjust_existing,
         proc_root: cfg.node.proc_root.clone(),
+        cgroup_root: cfg.node.cgroup_root.clone(),
     }));
 
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -424,9 +425,17 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
             let mut monitor_cfg = cfg.monitor.clone();
             monitor_cfg.throttle = cfg.throttle.clone();
             let metrics = cfg.metrics.enabled.then(|| plugin.metrics());
+            let (relaxer, relax_task) = nri_qos::nri::relax::relaxer();
+            tokio::spawn(relax_task);
             tokio::spawn(async move {
-                if let Err(e) =
-                    nri_qos::pressure::run_with_metrics(monitor_cfg, paths, pods, metrics).await
+                if let Err(e) = nri_qos::pressure::run_in_plugin(
+                    monitor_cfg,
+                    paths,
+                    pods,
+                    metrics,
+                    Arc::new(relaxer),
+                )
+                .await
                 {
                     tracing::error!(error = %e, "pressure monitor stopped");
                 }

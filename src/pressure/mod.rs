@@ -940,6 +940,18 @@ pub async fn run_with_metrics(
     pods: Arc<dyn PodRegistry>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
 ) -> Result<(), MonitorError> {
+    run_in_plugin(cfg, paths, pods, metrics, Arc::new(throttle::FileRelaxer)).await
+}
+
+/// `run_with_metrics`, relaxing memory.high through `relaxer` (the plugin's
+/// NRI session).
+pub async fn run_in_plugin(
+    cfg: MonitorConfig,
+    paths: Paths,
+    pods: Arc<dyn PodRegistry>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    relaxer: Arc<dyn throttle::Relaxer>,
+) -> Result<(), MonitorError> {
     cfg.validate()?;
     if cfg.lock_memory {
         match protect::lock_memory() {
@@ -950,7 +962,8 @@ pub async fn run_with_metrics(
                 "not locking the process's memory (needs CAP_IPC_LOCK); under pressure the kernel may page out the monitor's code"),
         }
     }
-    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls));
+    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls))
+        .with_relaxer(relaxer);
     if let Some(m) = metrics {
         monitor = monitor.with_metrics(m);
     }

@@ -474,6 +474,25 @@ pub fn read_container(
     })
 }
 
+/// A container the guard relaxed, judged from the tree alone (so it holds
+/// across a restart of the plugin): its memory.high (`high`, as in the
+/// file) is its memory.max or `max`, while the policy wants `wanted`, a
+/// lower value. The policy leaves it so until the container restarts or is
+/// resized, and `audit` shows it instead of reporting drift.
+pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
+    let (wanted, high, max) = (wanted.trim(), high.trim(), max.trim());
+    wanted != high && wanted != "max" && (high == max || high == "max")
+}
+
+/// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
+pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    match (read("memory.high"), read("memory.max")) {
+        (Some(high), Some(max)) => is_relaxed(wanted, &high, &max),
+        _ => false,
+    }
+}
+
 /// memory.high as written to the file: bytes, or "max".
 pub fn high_value(v: Option<u64>) -> String {
     v.map_or_else(|| "max".to_string(), |b| b.to_string())
@@ -728,6 +747,17 @@ mod tests {
         });
         assert!(!d.contains(&Decision::Relax));
         assert!(matches!(d.last(), Some(Decision::Evict { .. })));
+    }
+
+    #[test]
+    fn throttle_relaxed_judged_from_the_tree() {
+        assert!(is_relaxed("247463936", "268435456\n", "268435456\n"));
+        assert!(is_relaxed("247463936", "max", "max"));
+        assert!(!is_relaxed("247463936", "247463936", "268435456"));
+        // Not ours to call relaxed: the policy wants no memory.high at all,
+        // or someone set another value.
+        assert!(!is_relaxed("max", "max", "max"));
+        assert!(!is_relaxed("247463936", "250000000", "268435456"));
     }
 
     #[test]
