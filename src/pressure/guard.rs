@@ -51,7 +51,19 @@ impl Monitor {
                 )
             };
             match decision {
-                Decision::Calm | Decision::Throttled { .. } => {}
+                Decision::Throttled { for_ } if for_.is_zero() => {
+                    tracing::info!(
+                        pod = %s.pod_uid,
+                        container = %s.id,
+                        class = ?s.class,
+                        high_rate = signals.high_rate,
+                        max_rate = signals.max_rate,
+                        psi_some_avg10 = signals.psi_some_avg10,
+                        grace = %cfg.grace_period,
+                        "container under memory.high throttle; grace period starts"
+                    );
+                }
+                Decision::Calm | Decision::Throttled { .. } | Decision::Settling => {}
                 Decision::Relax => {
                     if act::pause_only(&s.path, &self.paths.proc_root) {
                         continue;

@@ -214,8 +214,10 @@ impl Sample {
 pub enum Decision {
     /// No signal above its threshold.
     Calm,
-    /// Under throttle, within the grace period (or settling after a relax).
+    /// Under throttle, within the grace period.
     Throttled { for_: Duration },
+    /// Relaxed a moment ago: signals are given PSI_SETTLE to fall.
+    Settling,
     /// Stage 1: raise memory.high to memory.max.
     Relax,
     /// Stage 2: the pod is an eviction candidate.
@@ -877,7 +879,7 @@ mod tests {
                             prop_assert!(now >= r + PSI_SETTLE + grace);
                         }
                     }
-                    Decision::Calm | Decision::Throttled { .. } => {}
+                    Decision::Calm | Decision::Throttled { .. } | Decision::Settling => {}
                 }
             }
         }
