@@ -51,7 +51,7 @@ impl RuntimeLink {
             .clone()
     }
 
-    fn connected(&self) -> bool {
+    pub fn connected(&self) -> bool {
         self.client
             .lock()
             .unwrap_or_else(|e| e.into_inner())
