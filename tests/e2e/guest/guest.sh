@@ -218,7 +218,7 @@ esac
 # decision, kill and emptied cgroup.
 monitor_actions() {
     [ -f /var/log/nri-qos.log ] || return 0
-    tail -n +"$1" /var/log/nri-qos.log | grep -E 'memory pressure decision|memory.reclaim|killing pod|killed pod|cgroup is empty|recheck' |
+    tail -n +"$1" /var/log/nri-qos.log | grep -E 'memory pressure decision|memory.reclaim|killing pod|killed pod|cgroup is empty|recheck|throttle|memory.high relaxed|unified map' |
         sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^/E2E-INFO monitor: /' | cut -c1-400
 }
 
