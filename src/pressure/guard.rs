@@ -110,26 +110,32 @@ impl Monitor {
     ) -> Vec<Sample> {
         let psi_threshold = self.cfg.throttle.psi_some_avg10;
         let mut samples = Vec::new();
-        let mut parents_seen: HashSet<PathBuf> = HashSet::new();
+        // What this pass saw, so tracked containers it did not read are
+        // judged without a syscall each: under a skipped parent or an
+        // unmoved pod they are quiet; anywhere else they are gone.
+        let mut quiet_under: HashSet<PathBuf> = HashSet::new();
+        let mut listed: HashSet<PathBuf> = HashSet::new();
         let mut pods = None;
         for class in [QosClass::Burstable, QosClass::BestEffort] {
             let Some(parent) = throttle::qos_parent(kp, driver, class) else {
                 continue;
             };
-            parents_seen.insert(parent.clone());
             let moved = self.throttle_filter.moved(&parent, psi_threshold);
             if !moved && !self.guard.busy_under(&parent) {
+                quiet_under.insert(parent);
                 continue;
             }
+            listed.insert(parent);
             let pods = pods.get_or_insert_with(|| self.discovery.scan(kp, driver));
             for pod in pods
                 .iter()
                 .filter(|p| p.class == class)
                 .take(super::MAX_PODS)
             {
-                parents_seen.insert(pod.path.clone());
+                listed.insert(pod.path.clone());
                 let moved = self.throttle_filter.moved(&pod.path, psi_threshold);
                 if !moved && !self.guard.busy_under(&pod.path) {
+                    quiet_under.insert(pod.path.clone());
                     continue;
                 }
                 for cg in throttle::containers_of(&pod.path) {
@@ -150,15 +156,26 @@ impl Monitor {
             if sampled.contains(&p) {
                 continue;
             }
-            if p.is_dir() {
+            // A container cgroup sits in its pod, the pod in its QoS parent.
+            let pod = p.parent();
+            let parent = pod.and_then(|x| x.parent());
+            if [pod, parent]
+                .into_iter()
+                .flatten()
+                .any(|x| quiet_under.contains(x))
+            {
                 self.guard.quiet(now, &p);
             } else {
                 self.guard.forget(&p);
             }
         }
-        // Parents of pods that went away are forgotten once a pass saw the class.
+        // Pods that went away are forgotten once a pass listed them.
         if pods.is_some() {
-            self.throttle_filter.retain(|p| parents_seen.contains(p));
+            self.throttle_filter.retain(|p| {
+                listed.contains(p)
+                    || quiet_under.contains(p)
+                    || p.parent().is_some_and(|x| quiet_under.contains(x))
+            });
         }
         samples
     }

@@ -384,9 +384,7 @@ fn decide(cfg: &ThrottleConfig, t: &mut Track, now: Duration, relaxed: bool) -> 
             // Just relaxed: the signals get time to fall before a new grace.
             t.under_since = None;
             return if active {
-                Decision::Throttled {
-                    for_: Duration::ZERO,
-                }
+                Decision::Settling
             } else {
                 Decision::Calm
             };
@@ -650,6 +648,8 @@ mod tests {
             s(QosClass::Burstable, "c", c, 0, 5.0)
         });
         assert!(!d.contains(&Decision::Relax));
+        // PSI avg10 settles for 10 s after the relax: no new grace yet.
+        assert!(d[..19].iter().all(|d| *d == Decision::Settling), "{d:?}");
         let first_evict = d
             .iter()
             .position(|d| matches!(d, Decision::Evict { .. }))
