@@ -234,9 +234,16 @@ struct Track {
     relax_done: bool,
     /// No stage 2 before this (PSI avg10 decays after a relax).
     settle_until: Option<Duration>,
+    /// Only a baseline so far: look again soon for a rate.
+    pending: bool,
 }
 
 impl Track {
+    /// Needs a look at the guard's interval rather than the calm one.
+    fn busy(&self) -> bool {
+        self.pending || self.under_since.is_some() || self.settle_until.is_some()
+    }
+
     fn new(id: &str) -> Self {
         Track {
             id: id.to_string(),
@@ -245,6 +252,7 @@ impl Track {
             under_since: None,
             relax_done: false,
             settle_until: None,
+            pending: true,
         }
     }
 }
@@ -286,9 +294,7 @@ impl Guard {
 
     /// True while some container needs watching at the guard's interval.
     pub fn busy(&self) -> bool {
-        self.tracks
-            .values()
-            .any(|t| t.under_since.is_some() || t.settle_until.is_some())
+        self.tracks.values().any(Track::busy)
     }
 
     /// The signals last computed for a container.
@@ -320,6 +326,7 @@ impl Guard {
             ))
         });
         t.last = Some((now, s.counters));
+        t.pending = rates.is_none();
         let (high_rate, max_rate) = match rates {
             Some(r) => r,
             None => {
@@ -334,30 +341,43 @@ impl Guard {
             max_rate,
             psi_some_avg10: s.psi_some_avg10,
         };
-        decide(&self.cfg, t, now, s.relaxed())
+        // After a relax, PSI alone no longer counts: avg10 lags, and in the
+        // VM a relaxed allocator still showed some avg10 ~17 % with no high
+        // or max events. A relaxed container is evicted only if it still
+        // hits a limit.
+        let psi_counts = !(t.relax_done || (s.high.is_some() && s.high == s.max));
+        decide(&self.cfg, t, now, s.relaxed(), psi_counts)
     }
 
     /// A container that was not read this pass because its QoS parent's or
     /// pod's counters did not move and their PSI is below threshold: every
-    /// signal is below, and its counters are unchanged (the baseline stays).
+    /// signal is below. A calm one is forgotten (tracks exist only while
+    /// there is something to watch; the next look starts a new baseline and
+    /// comes back at the guard's interval for the rate), except one we
+    /// relaxed: relaxing stays once per container.
     pub fn quiet(&mut self, now: Duration, path: &Path) {
-        if let Some(t) = self.tracks.get_mut(path) {
-            t.signals = Signals::default();
-            t.under_since = None;
-            if let Some((_, c)) = t.last {
-                t.last = Some((now, c));
-            }
-            if t.settle_until.is_some_and(|u| now >= u) {
-                t.settle_until = None;
-            }
+        let Some(t) = self.tracks.get_mut(path) else {
+            return;
+        };
+        t.signals = Signals::default();
+        t.under_since = None;
+        t.pending = false;
+        if t.settle_until.is_some_and(|u| now >= u) {
+            t.settle_until = None;
+        }
+        if let Some((_, c)) = t.last {
+            t.last = Some((now, c));
+        }
+        if !t.busy() && !t.relax_done {
+            self.tracks.remove(path);
         }
     }
 
     /// Whether any tracked container below `cg` needs watching.
     pub fn busy_under(&self, cg: &Path) -> bool {
-        self.tracks.iter().any(|(p, t)| {
-            p.starts_with(cg) && (t.under_since.is_some() || t.settle_until.is_some())
-        })
+        self.tracks
+            .iter()
+            .any(|(p, t)| t.busy() && p.starts_with(cg))
     }
 
     pub fn is_tracked(&self, path: &Path) -> bool {
@@ -376,8 +396,18 @@ impl Guard {
 }
 
 /// The pure grace / stage logic of one track.
-fn decide(cfg: &ThrottleConfig, t: &mut Track, now: Duration, relaxed: bool) -> Decision {
-    let (high, max, psi) = t.signals.active(cfg);
+fn decide(
+    cfg: &ThrottleConfig,
+    t: &mut Track,
+    now: Duration,
+    relaxed: bool,
+    psi_counts: bool,
+) -> Decision {
+    let mut signals = t.signals;
+    if !psi_counts {
+        signals.psi_some_avg10 = 0.0;
+    }
+    let (high, max, psi) = signals.active(cfg);
     let active = high || max || psi;
     if let Some(until) = t.settle_until {
         if now < until {
@@ -407,7 +437,7 @@ fn decide(cfg: &ThrottleConfig, t: &mut Track, now: Duration, relaxed: bool) -> 
         t.settle_until = Some(now + PSI_SETTLE);
         return Decision::Relax;
     }
-    match t.signals.strongest(cfg) {
+    match signals.strongest(cfg) {
         Some(signal) => Decision::Evict { signal },
         None => Decision::Calm,
     }
@@ -687,6 +717,16 @@ mod tests {
             t += 0.5;
         }
         assert!(!g.busy());
+    }
+
+    #[test]
+    fn throttle_psi_alone_never_evicts_a_relaxed_container() {
+        let mut g = Guard::new(cfg());
+        let mut r = s(QosClass::Burstable, "c", 0, 0, 40.0);
+        r.high = r.max;
+        let mut n = 0;
+        let d = run(&mut g, 0.0, 60.0, 0, &mut n, |_| r.clone());
+        assert!(d.iter().all(|d| *d == Decision::Calm), "{d:?}");
     }
 
     #[test]
