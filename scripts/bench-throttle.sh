@@ -54,9 +54,7 @@ for raw in monitor:
         relax.setdefault(pod, ms(j["timestamp"]))
 
 med = lambda v: statistics.median(v) if v else float("nan")
-ref = [r for _, r in churn.get("reference", [])[2:]]
 print(f"kernel {summary.get('kernel')}, swap {summary.get('swap_total_kb')} kB")
-print(f"reference (no memory.high, no limit): median {med(ref):7.1f} MiB/s (n={len(ref)})")
 lat = []
 for i in range(1, 10):
     lines = churn.get(f"throttled{i}")
@@ -69,7 +67,9 @@ for i in range(1, 10):
     if r is not None and pod in detect:
         lat.append(r - detect[pod])
     start = lines[0][0]
-    print(f"round {i}: throttled median {med(before):7.1f} MiB/s, after relax {med(after):7.1f} MiB/s "
+    # the reference run just before this round (no memory.high, no limit)
+    ref = [x for _, x in churn.get(f"reference{i}", [])[2:]]
+    print(f"round {i}: reference {med(ref):6.1f} MiB/s, throttled median {med(before):6.1f} MiB/s, after relax {med(after):6.1f} MiB/s "
           f"({100 * med(after) / med(ref):.0f} % of reference); "
           f"detect->relax {'%.0f ms' % (r - detect[pod]) if r and pod in detect else 'n/a'}, "
           f"allocator start->relax {'%.0f ms' % (r - start) if r else 'n/a'}; "

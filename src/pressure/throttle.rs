@@ -37,6 +37,12 @@ use crate::qos::QosClass;
 /// reports decays over about this long even when throttling stopped at once.
 pub const PSI_SETTLE: Duration = Duration::from_secs(10);
 
+/// Event rates are taken over at least this long (see [`Guard::observe`]).
+/// Two seconds: the longest penalty sleep the kernel puts a task over its
+/// memory.high into (5.9+), so every window of a throttled allocator
+/// holds some events.
+pub const RATE_WINDOW: Duration = Duration::from_secs(2);
+
 /// Bound on tracked containers (bounded memory on a weird host).
 const MAX_TRACKED: usize = 8192;
 
@@ -318,29 +324,36 @@ impl Guard {
             // The container restarted under the same cgroup name: new baseline.
             *t = Track::new(&s.id);
         }
-        let rates = t.last.and_then(|(at, c)| {
-            let dt = now.saturating_sub(at);
-            Some((
-                rate(c.high, s.counters.high, dt)?,
-                rate(c.max, s.counters.max, dt)?,
-            ))
-        });
-        t.last = Some((now, s.counters));
-        t.pending = rates.is_none();
-        let (high_rate, max_rate) = match rates {
-            Some(r) => r,
-            None => {
-                // First sight or a counter reset: no rate yet, and a reset
-                // is a new container, so its throttle history is gone too.
-                t.under_since = None;
-                (0.0, 0.0)
+        let reset = t
+            .last
+            .is_some_and(|(_, c)| s.counters.high < c.high || s.counters.max < c.max);
+        match t.last {
+            // A counter went down: a new cgroup under this name. New baseline,
+            // and its throttle history is gone too.
+            Some(_) if reset => {
+                *t = Track::new(&s.id);
+                t.last = Some((now, s.counters));
             }
-        };
-        t.signals = Signals {
-            high_rate,
-            max_rate,
-            psi_some_avg10: s.psi_some_avg10,
-        };
+            None => t.last = Some((now, s.counters)),
+            // Rates over at least RATE_WINDOW: a throttled allocator sleeps
+            // in the kernel's penalty for up to 2 s between bursts of events,
+            // and a shorter window would see "no events" in that gap and
+            // restart the grace period (seen in the VM with 0.5 s windows).
+            Some((at, c)) if now.saturating_sub(at) >= RATE_WINDOW => {
+                let dt = now.saturating_sub(at);
+                t.signals.high_rate = rate(c.high, s.counters.high, dt).unwrap_or(0.0);
+                t.signals.max_rate = rate(c.max, s.counters.max, dt).unwrap_or(0.0);
+                t.last = Some((now, s.counters));
+                t.pending = false;
+            }
+            Some(_) => {}
+        }
+        if t.pending {
+            t.under_since = None;
+            t.signals.high_rate = 0.0;
+            t.signals.max_rate = 0.0;
+        }
+        t.signals.psi_some_avg10 = s.psi_some_avg10;
         // After a relax, PSI alone no longer counts: avg10 lags, and in the
         // VM a relaxed allocator still showed some avg10 ~17 % with no high
         // or max events. A relaxed container is evicted only if it still
@@ -664,17 +677,17 @@ mod tests {
     fn throttle_sustained_high_relaxes_exactly_once_then_evicts_if_it_persists() {
         let mut g = Guard::new(cfg());
         let mut n = 0;
-        let d = run(&mut g, 0.0, 10.5, 200, &mut n, |c| {
+        let d = run(&mut g, 0.0, 12.0, 200, &mut n, |c| {
             s(QosClass::Burstable, "c", c, 0, 5.0)
         });
         let relaxes: Vec<usize> = (0..d.len()).filter(|&i| d[i] == Decision::Relax).collect();
-        // The first sample only sets the baseline: throttled from 0.5 s,
-        // relaxed at 10.5 s, once.
+        // The first sample only sets the baseline, the first rate comes
+        // after RATE_WINDOW: throttled from 2 s, relaxed at 12 s, once.
         assert_eq!(relaxes.len(), 1, "{d:?}");
-        assert_eq!(relaxes[0], 21);
+        assert_eq!(relaxes[0], 24);
         // Still `high` (the tree says not relaxed: the write was dropped):
         // no second relax; stage 2 after the PSI settle time plus grace.
-        let d = run(&mut g, 11.0, 30.0, 200, &mut n, |c| {
+        let d = run(&mut g, 12.5, 30.0, 200, &mut n, |c| {
             s(QosClass::Burstable, "c", c, 0, 5.0)
         });
         assert!(!d.contains(&Decision::Relax));
@@ -684,8 +697,8 @@ mod tests {
             .iter()
             .position(|d| matches!(d, Decision::Evict { .. }))
             .unwrap();
-        let at = 11.0 + first_evict as f64 * 0.5;
-        assert!(at >= 10.5 + 10.0 + 10.0 - 1e-9, "evicted at {at}");
+        let at = 12.5 + first_evict as f64 * 0.5;
+        assert!(at >= 12.0 + 10.0 + 10.0 - 1e-9, "evicted at {at}");
         assert_eq!(
             d[first_evict],
             Decision::Evict {
@@ -698,15 +711,15 @@ mod tests {
     fn throttle_relaxed_container_that_calms_down_is_left_alone() {
         let mut g = Guard::new(cfg());
         let mut n = 0;
-        run(&mut g, 0.0, 10.5, 200, &mut n, |c| {
+        run(&mut g, 0.0, 12.0, 200, &mut n, |c| {
             s(QosClass::Burstable, "c", c, 0, 30.0)
         });
         // After relaxing: no more high events; PSI decays below 10 % in 8 s.
         let mut relaxed = s(QosClass::Burstable, "c", 0, 0, 0.0);
         relaxed.high = relaxed.max;
-        let mut t = 11.0;
+        let mut t = 12.5;
         while t < 60.0 {
-            let psi = 30.0 * (-(t - 10.5) / 7.0f64).exp();
+            let psi = 30.0 * (-(t - 12.0) / 7.0f64).exp();
             relaxed.counters.high = n;
             relaxed.psi_some_avg10 = psi;
             let d = g.observe(secs(t), &relaxed);
@@ -717,6 +730,29 @@ mod tests {
             t += 0.5;
         }
         assert!(!g.busy());
+    }
+
+    /// A throttled allocator sleeps in the kernel's penalty between bursts
+    /// of events: looks that land in a gap must not restart the grace.
+    #[test]
+    fn throttle_bursty_events_keep_the_grace_running() {
+        let mut g = Guard::new(cfg());
+        let mut high = 0;
+        let mut relaxed_at = None;
+        for i in 0..30u64 {
+            if i % 4 == 0 {
+                high += 400; // one burst every 2 s: 200/s on average
+            }
+            let d = g.observe(
+                secs(i as f64 * 0.5),
+                &s(QosClass::Burstable, "c", high, 0, 3.0),
+            );
+            if d == Decision::Relax {
+                relaxed_at = Some(i as f64 * 0.5);
+            }
+        }
+        let at = relaxed_at.expect("relaxed");
+        assert!((12.0..=13.0).contains(&at), "relaxed at {at}");
     }
 
     #[test]
@@ -877,7 +913,8 @@ mod tests {
             let mut active_since: Option<Duration> = None;
             let mut relaxed_at: Option<Duration> = None;
             let mut relaxes_this_id = 0;
-            let mut prev: Option<(u32, u64)> = None;
+            let mut base: Option<(u32, Duration, u64)> = None;
+            let (mut hr, mut pending) = (0.0f64, true);
             for step in seq {
                 now += Duration::from_millis(500);
                 let psi = match step {
@@ -890,20 +927,29 @@ mod tests {
                 x.path = PathBuf::from("/kp/podu/c");
                 let d = g.observe(now, &x);
                 // The independent model of "active": a rate needs a baseline
-                // of the same id with a counter that did not go down.
-                let rate_ok = prev.is_some_and(|(pid, ph)| pid == id && ph <= high);
+                // of the same id with counters that did not go down, at
+                // least RATE_WINDOW old; in between the last rate holds.
                 let psi_on = psi > c.psi_some_avg10;
-                if rate_ok {
-                    let hr = (high - prev.map_or(0, |p| p.1)) as f64 / 0.5;
-                    if hr > c.high_rate || psi_on {
-                        active_since.get_or_insert(now);
-                    } else {
-                        active_since = None;
+                match base {
+                    Some((bid, bt, bh)) if bid == id && bh <= high => {
+                        if now - bt >= RATE_WINDOW {
+                            hr = (high - bh) as f64 / (now - bt).as_secs_f64();
+                            base = Some((id, now, high));
+                            pending = false;
+                        }
                     }
-                } else {
-                    active_since = psi_on.then_some(now);
+                    _ => {
+                        base = Some((id, now, high));
+                        pending = true;
+                    }
                 }
-                prev = Some((id, high));
+                if pending {
+                    active_since = psi_on.then_some(now);
+                } else if hr > c.high_rate || psi_on {
+                    active_since.get_or_insert(now);
+                } else {
+                    active_since = None;
+                }
                 match d {
                     Decision::Relax => {
                         prop_assert!(!guaranteed);

@@ -49,7 +49,7 @@ if [ "${E2E_THROTTLE_BENCH:-0}" = 1 ]; then
         check throttle.bench FAIL "$(tail -n 3 /tmp/throttle.err | tr '\n' ' ')"
     fi
     sed 's/^/E2E-INFO /' /tmp/throttle.err
-    for f in /tmp/throttle/summary.txt /tmp/throttle/monitor.log /tmp/throttle/*.log; do
+    for f in /tmp/throttle/summary.txt /tmp/throttle/*.log; do
         [ -f "$f" ] && sed "s#^#E2E-RAW ${f##*/} #" "$f"
     done
     finish 0

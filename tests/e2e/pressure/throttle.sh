@@ -10,7 +10,8 @@
 # alone, so a relax writes the cgroup file (with the plugin it goes through
 # NRI UpdateContainers). One allocator at a time (two share the emulated
 # CPUs and hide the throttling):
-#   1. reference: `memhog --churn 240` with no memory.high and no limit
+#   1. reference (before each round): `memhog --churn 240` with no
+#      memory.high and no limit
 #   2. throttled (ROUNDS times): the same in a Burstable container with memory.max 256Mi and
 #      memory.high 236Mi (request 64Mi, factor 0.9), beside a Guaranteed and
 #      a BestEffort pod; the guard should relax it after the grace period
@@ -23,7 +24,7 @@ NRI_QOS=${NRI_QOS:?path of nri-qos}
 MEMHOG=${MEMHOG:?path of memhog}
 OUT=${1:?output directory}
 CG=${CGROUP_ROOT:-/sys/fs/cgroup}
-REF_S=${REF_S:-20}
+REF_S=${REF_S:-15}
 THROTTLED_S=${THROTTLED_S:-30}
 ROUNDS=${ROUNDS:-3}
 KP=$CG/kubepods.slice
@@ -90,16 +91,15 @@ e=$(mkpod besteffort e1)
 run_in "$e" "$OUT/e.log" "$MEMHOG" 64 0 3600
 e_pid=$LAST_PID
 
-# 1. reference: no memory.high, no limit.
-log "reference ${REF_S}s"
-ref=$(mkpod burstable ref)
-run_in "$ref" "$OUT/reference.log" "$MEMHOG" --churn 240 "$REF_S"
-wait "$LAST_PID" || true
-echo 1 >"$(dirname "$ref")/cgroup.kill" 2>/dev/null || true
-
 # 2. throttled, then relaxed by the guard; ROUNDS fresh pods.
 i=1
 while [ "$i" -le "$ROUNDS" ]; do
+  # The reference right before each round: the emulated CPU's speed varies
+  # with what else runs on the host.
+  log "reference $i/$ROUNDS ${REF_S}s"
+  ref=$(mkpod burstable ref$i)
+  run_in "$ref" "$OUT/reference$i.log" "$MEMHOG" --churn 240 "$REF_S"
+  wait "$LAST_PID" || true
   log "throttled round $i/$ROUNDS ${THROTTLED_S}s"
   b=$(mkpod burstable b$i)
   echo $MAX >"$b/memory.max"
