@@ -349,7 +349,7 @@ impl Guard {
             Some(_) => {}
         }
         if t.pending {
-            t.under_since = None;
+            // No rate yet (a new baseline starts with no history).
             t.signals.high_rate = 0.0;
             t.signals.max_rate = 0.0;
         }
@@ -941,10 +941,11 @@ mod tests {
                     _ => {
                         base = Some((id, now, high));
                         pending = true;
+                        active_since = None;
                     }
                 }
                 if pending {
-                    active_since = psi_on.then_some(now);
+                    active_since = if psi_on { active_since.or(Some(now)) } else { None };
                 } else if hr > c.high_rate || psi_on {
                     active_since.get_or_insert(now);
                 } else {
