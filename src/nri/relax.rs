@@ -5,9 +5,10 @@
 //! Never from inside an NRI handler (the runtime holds its lock while it
 //! waits for our reply, and our call would wait for that lock): the monitor
 //! thread queues a request and returns; a task of ours makes the call.
-//! Runtimes on NRI v0.6 (containerd 1.7) accept the update but drop its
-//! unified map, so after every call the file is read back; where the value
-//! did not arrive, the task writes the cgroup file and says so once.
+//! A runtime may accept the update and not apply its unified map (issue 15
+//! expected it of NRI v0.6; containerd 1.7.24 and 2.1.9 both applied it in
+//! the VM), so after every call the file is read back; where the value did
+//! not arrive, the task writes the cgroup file and says so once.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -137,7 +138,7 @@ async fn serve(mut rx: mpsc::Receiver<Request>) {
             Ok(()) => {
                 if !dropped_noted.swap(true, Ordering::Relaxed) {
                     warn!(container = %r.container_id,
-                        "the runtime accepted UpdateContainers but did not apply its unified map (NRI v0.6 / containerd 1.7); \
+                        "the runtime accepted UpdateContainers but did not apply its unified map; \
                          relaxing memory.high by writing the cgroup file, here and from now on");
                 }
                 write(&r);
