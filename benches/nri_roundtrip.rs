@@ -60,6 +60,18 @@ fn main() {
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_nri-qos").into())
         .into();
 
+    // nri-qos decides as on a cgroup v2 node (unified keys included): its
+    // cgroup root is a temp dir that says v2. The hierarchy keeper is off, so
+    // the plugin does what the Go stub does: answer the runtime, nothing else.
+    let fake_cgroup = tempfile::tempdir().unwrap();
+    std::fs::write(
+        fake_cgroup.path().join("cgroup.controllers"),
+        "cpu memory\n",
+    )
+    .unwrap();
+    std::env::set_var("NRI_QOS_NODE_CGROUP_ROOT", fake_cgroup.path());
+    std::env::set_var("NRI_QOS_HIERARCHY_ENABLED", "false");
+
     let workload = Workload::new();
     let sync_msgs = containerd_sync_messages(&workload.pods, &workload.containers, sync_msg_max);
     println!(
@@ -105,6 +117,17 @@ fn main() {
             for p in &mut plugins {
                 for r in workload.creates.iter().cycle().take(WARMUP) {
                     p.create(r).await;
+                }
+                if round == 0 {
+                    // Show that both answer with an adjustment of the same shape.
+                    for i in 0..3 {
+                        let resp = p.create(&workload.creates[i]).await;
+                        println!(
+                            "{} adjusts: {}",
+                            p.name,
+                            protobuf::text_format::print_to_string(resp.adjust.get_or_default())
+                        );
+                    }
                 }
             }
         });
@@ -359,14 +382,12 @@ impl Plugin {
         self.hwm_after_sync_kib = proc_status_kib(self.process.child.id(), "VmHWM");
     }
 
-    async fn create(&self, req: &api::CreateContainerRequest) {
-        let resp = self
-            .session
+    async fn create(&self, req: &api::CreateContainerRequest) -> api::CreateContainerResponse {
+        self.session
             .plugin
             .create_container(ctx(), req)
             .await
-            .unwrap_or_else(|e| panic!("{} CreateContainer: {e}", self.name));
-        std::hint::black_box(resp);
+            .unwrap_or_else(|e| panic!("{} CreateContainer: {e}", self.name))
     }
 
     async fn block(&mut self, reqs: &[api::CreateContainerRequest], first: usize, n: usize) {
@@ -374,8 +395,9 @@ impl Plugin {
         let cpu = cpu_ticks(pid);
         for i in first..first + n {
             let t = Instant::now();
-            self.create(&reqs[i % reqs.len()]).await;
+            let resp = self.create(&reqs[i % reqs.len()]).await;
             self.latencies.push(t.elapsed());
+            std::hint::black_box(resp);
         }
         self.cpu_ticks += cpu_ticks(pid) - cpu;
     }
