@@ -74,6 +74,20 @@ fn main() {
 
     let workload = Workload::new();
     let sync_msgs = containerd_sync_messages(&workload.pods, &workload.containers, sync_msg_max);
+    assert_eq!(
+        sync_msgs.iter().map(|m| m.pods.len()).sum::<usize>(),
+        PODS,
+        "every pod sent once"
+    );
+    assert_eq!(
+        sync_msgs.iter().map(|m| m.containers.len()).sum::<usize>(),
+        CONTAINERS,
+        "every container sent once"
+    );
+    assert!(
+        sync_msgs.iter().rev().skip(1).all(|m| m.more) && !sync_msgs.last().unwrap().more,
+        "more on every chunk but the last"
+    );
     println!(
         "NRI round trip: nri-qos vs {} vs a bare ping-pong, {rounds} interleaved rounds",
         if go_stub.is_ok() {
