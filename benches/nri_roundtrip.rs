@@ -342,18 +342,11 @@ impl Plugin {
     async fn start_go_stub(dir: &tempfile::TempDir, bin: &Path) -> Self {
         let sock = dir.path().join("go-stub.sock");
         let listener = UnixListener::bind(&sock).unwrap();
-        let log = dir.path().join("go-stub.log");
-        let child = Command::new(bin)
-            .arg("-socket")
-            .arg(&sock)
-            .env_remove("NRI_PLUGIN_SOCKET")
-            .env_remove("NRI_PLUGIN_NAME")
-            .env_remove("NRI_PLUGIN_IDX")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn the Go stub");
-        let process = PluginProcess { child, log };
+        let process = PluginProcess::spawn(
+            bin,
+            &["-socket".as_ref(), sock.as_os_str()],
+            &dir.path().join("go-stub.log"),
+        );
         Self::connect("Go stub", bin, process, listener).await
     }
 
@@ -366,14 +359,14 @@ impl Plugin {
         // Frames from the peer carry at most 4 KiB (not one frame per write).
         let mut session = accept(&listener, false).await;
         session.handshake(true).await;
-        let pid = process.child.id();
+        let rss_idle_kib = process.rss_kib();
         Plugin {
             name,
             binary: binary.to_path_buf(),
             process,
             session,
             _listener: listener,
-            rss_idle_kib: proc_status_kib(pid, "VmRSS"),
+            rss_idle_kib,
             sync_time: Duration::ZERO,
             hwm_after_sync_kib: 0,
             cpu_ticks: 0,
@@ -393,7 +386,7 @@ impl Plugin {
             std::hint::black_box(resp);
         }
         self.sync_time = t.elapsed();
-        self.hwm_after_sync_kib = proc_status_kib(self.process.child.id(), "VmHWM");
+        self.hwm_after_sync_kib = self.process.status_value("VmHWM");
     }
 
     async fn create(&self, req: &api::CreateContainerRequest) -> api::CreateContainerResponse {
@@ -418,7 +411,6 @@ impl Plugin {
 
     fn finish(&mut self) -> RoundResult {
         assert!(self.process.is_running(), "{} exited", self.name);
-        let pid = self.process.child.id();
         self.latencies.sort();
         let ticks_per_s = clock_ticks_per_second();
         RoundResult {
@@ -427,10 +419,10 @@ impl Plugin {
                 / ticks_per_s
                 / (self.latencies.len() as f64 / 1000.0),
             rss_idle_kib: self.rss_idle_kib,
-            rss_after_kib: proc_status_kib(pid, "VmRSS"),
+            rss_after_kib: self.process.rss_kib(),
             hwm_after_sync_kib: self.hwm_after_sync_kib,
             sync_time: self.sync_time,
-            threads: proc_status_kib(pid, "Threads"),
+            threads: self.process.status_value("Threads"),
         }
     }
 }
@@ -632,16 +624,6 @@ fn ms(d: Duration) -> f64 {
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
-}
-
-/// A numeric field of `/proc/<pid>/status` (kB for memory fields).
-fn proc_status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// utime + stime of the whole process, in clock ticks.
