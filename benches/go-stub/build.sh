@@ -93,7 +93,7 @@ fetch() {
   (cd "$apt/debs" && ls) >"$out/packages.txt"
 }
 
-[ -x "$root/usr/bin/go" ] || ls "$root"/usr/lib/go-*/bin/go >/dev/null 2>&1 || fetch
+ls "$root"/usr/lib/go-*/bin/go >/dev/null 2>&1 || fetch
 goroot="$(ls -d "$root"/usr/lib/go-1.* | sort -V | tail -1)"
 
 log "building with $("$goroot/bin/go" version | cut -d' ' -f3) and $(grep -o 'golang-github-containerd-nri-dev_[^_]*' "$out/packages.txt")"
