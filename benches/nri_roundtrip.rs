@@ -548,12 +548,12 @@ fn print_table(results: &[SubjectRounds], floor: &[Latency], go_missing: Option<
     }
     // On a shared host most rounds' p99 is a neighbour's preemption; the
     // quietest round shows what the path itself does.
-    let best = |st: Stat| format!("{:.1} µs", st.min);
+    let best = |st: &Stat| format!("{:.1} µs", st.min);
     println!(
         "| p99, quietest round | {} | {} | {} | {} | {} |",
-        best(p99(qos)),
-        cell(go, &|g| best(p99(g))),
-        best(Stat::of(floor.iter().map(|l| us(l.p99)).collect())),
+        best(&p99(qos)),
+        cell(go, &|g| best(&p99(g))),
+        best(&floor_p99),
         cell(go, &|g| ratio(p99(g).min, p99(qos).min)),
         ratio(p99(qos).min, floor_p99.min),
     );
