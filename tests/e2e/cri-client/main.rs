@@ -43,8 +43,8 @@ const CGROUP_FILES: &[&str] = &[
 #[derive(Parser)]
 #[command(about = "CRI v1 client for the nri-qos e2e VM")]
 struct Cli {
-    /// containerd's CRI socket
-    #[arg(long, default_value = "/run/containerd/containerd.sock")]
+    /// the runtime's CRI socket (CRI-O: /var/run/crio/crio.sock)
+    #[arg(long, env = "E2E_CRI_SOCKET", default_value = "/run/containerd/containerd.sock")]
     socket: String,
     /// keep retrying the first connection for this many seconds
     #[arg(long, default_value_t = 60)]
@@ -439,8 +439,12 @@ fn container_config(pod: &PodSpec, c: &ContainerSpec) -> Result<ContainerConfig>
             name: c.name.clone(),
             attempt: 0,
         }),
-        image: Some(ImageSpec {
-            image: c.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into()),
+        image: Some({
+            let image = c.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into());
+            ImageSpec {
+                user_specified_image: image.clone(),
+                image,
+            }
         }),
         command: c.command.clone(),
         args: vec![],
