@@ -134,16 +134,20 @@ tool() {
 missing() { echo "$1 (set $2 or provide $ROOT/../shared/tools/bin/$1.xz)"; }
 
 CRICTL=""
-if [ "$crictl" = 1 ]; then
+has_crio=0
+[[ " ${versions[*]} " != *" crio "* ]] || has_crio=1
+if [ "$crictl" = 1 ] || [ "$has_crio" = 1 ]; then
     CRICTL="$(tool crictl NRI_QOS_CRICTL)"
-    [ -n "$CRICTL" ] || log "SKIP the crictl scenario: missing $(missing crictl NRI_QOS_CRICTL)"
+    [ -n "$CRICTL" ] || [ "$crictl" = 0 ] || log "SKIP the crictl scenario: missing $(missing crictl NRI_QOS_CRICTL)"
 fi
 CRIO="" PINNS="" CRIO_MISSING=""
-if [[ " ${versions[*]} " == *" crio "* ]]; then
+if [ "$has_crio" = 1 ]; then
     CRIO="$(tool crio NRI_QOS_CRIO)"
     PINNS="$(tool pinns NRI_QOS_PINNS)"
     [ -n "$CRIO" ] || CRIO_MISSING="$(missing crio NRI_QOS_CRIO)"
     [ -n "$PINNS" ] || CRIO_MISSING="${CRIO_MISSING:+$CRIO_MISSING; }$(missing pinns NRI_QOS_PINNS)"
+    # the CRI-O guest pulls its images with crictl
+    [ -n "$CRICTL" ] || CRIO_MISSING="${CRIO_MISSING:+$CRIO_MISSING; }$(missing crictl NRI_QOS_CRICTL)"
     # CRI-O has no image import: the guest serves the image from its loopback.
     log "building the oci-registry example (CRI-O pulls from it)"
     (cd "$ROOT" && cargo build --quiet --example oci-registry)
@@ -362,7 +366,7 @@ build_initramfs() {
     {
         echo "E2E_CONTAINERD=$ver"
         echo "E2E_RUNTIME=$([ "$ver" = crio ] && echo crio || echo containerd)"
-        echo "E2E_CRICTL=$([ -n "$CRICTL" ] && echo 1 || echo 0)"
+        echo "E2E_CRICTL=$([ -n "$CRICTL" ] && [ "$crictl" = 1 ] && echo 1 || echo 0)"
         echo "E2E_PLUGIN=$plugin"
         echo "E2E_RESILIENCE=${E2E_RESILIENCE:-0}"
         echo "E2E_OVERHEAD_PODS=${E2E_OVERHEAD_PODS:-0}"

@@ -67,6 +67,7 @@ crictl_pod() {
         return
     fi
     grep '^ctr|' "$CRICTL_DIR/rows" >"$CRICTL_DIR/$name-ctrs"
+    pod_dir="/sys/fs/cgroup$parent"
     while IFS='|' read -r _ cname weight cmax mmin mlow mhigh mmax oom ks kq kp kl ko; do
         key="crictl:$name/$cname"
         printf '{"metadata":{"name":"%s"},"image":{"image":"e2e.local/busybox:latest"},"command":["/bin/sleep","86400"],"labels":{"io.kubernetes.container.name":"%s",%s},"linux":{"resources":{"cpu_shares":%s,"cpu_quota":%s,"cpu_period":%s,"memory_limit_in_bytes":%s,"oom_score_adj":%s},%s}}\n' \
@@ -94,6 +95,10 @@ EOF
             rc=1
         fi
     done <"$CRICTL_DIR/$name-ctrs"
+    # what the runtime put into the pod cgroup (CRI-O: conmon beside the containers?)
+    for d in "$pod_dir"/*/; do
+        [ -d "$d" ] && info "crictl:$name cgroup $(basename "$d"): pids $(tr '\n' ' ' <"$d/cgroup.procs")$(for p in $(cat "$d/cgroup.procs"); do printf '%s ' "$(tr '\0' ' ' </proc/"$p"/cmdline | cut -c1-40)"; done)"
+    done
 }
 
 info "scenario crictl: start ($(crictl --version))"

@@ -130,7 +130,10 @@ fn serve(layout: &Layout, stream: TcpStream) -> Result<()> {
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let dir = PathBuf::from(args.next().context("usage: oci-registry <oci-layout-dir> [addr]")?);
+    let dir = PathBuf::from(
+        args.next()
+            .context("usage: oci-registry <oci-layout-dir> [addr]")?,
+    );
     let addr = args.next().unwrap_or_else(|| "127.0.0.1:5000".into());
     let layout = std::sync::Arc::new(Layout::open(&dir)?);
     let listener = TcpListener::bind(&addr).with_context(|| format!("binding {addr}"))?;
