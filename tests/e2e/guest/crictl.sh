@@ -59,8 +59,10 @@ crictl_pod() {
     parent="$(sed -n 's/^parent|//p' "$CRICTL_DIR/rows")"
     labels="\"io.kubernetes.pod.name\":\"$name\",\"io.kubernetes.pod.namespace\":\"default\",\"io.kubernetes.pod.uid\":\"$uid\""
     hostnet='"security_context":{"namespace_options":{"network":2,"pid":1}}'
-    printf '{"metadata":{"name":"%s","namespace":"default","uid":"%s","attempt":0},"hostname":"%s","labels":{%s},"linux":{"cgroup_parent":"%s",%s}}\n' \
-        "$name" "$uid" "$name" "$labels" "$parent" "$hostnet" >"$CRICTL_DIR/$name-pod.json"
+    # no hostname: a hostNetwork pod shares the node's UTS namespace (runc
+    # refuses a hostname there)
+    printf '{"metadata":{"name":"%s","namespace":"default","uid":"%s","attempt":0},"labels":{%s},"linux":{"cgroup_parent":"%s",%s}}\n' \
+        "$name" "$uid" "$labels" "$parent" "$hostnet" >"$CRICTL_DIR/$name-pod.json"
     if ! pod="$(crictl runp "$CRICTL_DIR/$name-pod.json" 2>&1)"; then
         check "crictl:$name.runp" FAIL "$pod"
         rc=1
@@ -107,10 +109,12 @@ crictl_pod /e2e/scenarios/pods/crictl-burstable.yaml /e2e/scenarios/pods/crictl-
 crictl_pod /e2e/scenarios/pods/besteffort.yaml
 audit crictl
 pods="$(crictl pods -q)"
+ctrs="$(crictl ps -q)"
 # as the kubelet: the containers first, without grace period (CRI-O's
 # StopPodSandbox would wait out their stop timeout: `sleep` ignores SIGTERM)
-# shellcheck disable=SC2046,SC2086 # one argument per id
-if out="$(crictl stop --timeout 0 $(crictl ps -q) 2>&1 && crictl stopp $pods 2>&1 && crictl rmp $pods 2>&1)" &&
+# shellcheck disable=SC2086 # one argument per id
+if out="$({ [ -z "$ctrs" ] || crictl stop --timeout 0 $ctrs; } 2>&1 &&
+    { [ -z "$pods" ] || { crictl stopp $pods && crictl rmp $pods; }; } 2>&1)" &&
     [ -z "$(crictl pods -q)" ]; then
     check crictl.cleanup PASS "$(echo "$pods" | wc -w) pods stopped and removed"
 else
