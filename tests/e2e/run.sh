@@ -131,7 +131,13 @@ tool() {
     esac
 }
 # Why tool $1 is missing, for the skip notice.
-missing() { echo "$1 (set $2 or provide $ROOT/../shared/tools/bin/$1.xz)"; }
+missing() {
+    if [ -n "${!2:-}" ]; then
+        echo "$1 ($2=${!2} does not exist)"
+    else
+        echo "$1 (set $2 or provide $ROOT/../shared/tools/bin/$1.xz)"
+    fi
+}
 
 CRICTL=""
 has_crio=0
