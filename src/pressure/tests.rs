@@ -162,6 +162,7 @@ fn info(uid: &str, ns: &str, prio: Option<i32>) -> PodInfo {
         memory_request: None,
         request_source: RequestSource::Unknown,
         class: None,
+        static_pod: false,
     }
 }
 
