@@ -84,6 +84,10 @@ async fn client(credentials: &Credentials) -> Result<Client, KubeError> {
                 .map_err(|e| err(&e))?
         }
     };
+    let mut config = config;
+    // A 429 from the Eviction API is a PodDisruptionBudget's answer, not a
+    // transient failure to retry; the watcher has a backoff of its own.
+    config.default_retry = false;
     Client::try_from(config).map_err(|e| KubeError::Client(e.to_string()))
 }
 
