@@ -834,6 +834,8 @@ fn against_a_real_api_server() {
         }
     }
 
+    hooks_and_memory_of_the_plugin_process(&cluster, &rt, &pods);
+
     // The API server restarted mid-run: the watch recovers, nothing lost.
     cluster.stop_apiserver();
     wait_for("the watch to notice", Duration::from_secs(60), || {
@@ -871,4 +873,134 @@ fn against_a_real_api_server() {
         store.len(),
         store.events()
     );
+}
+
+const BIG_NODE: &str = "node-big";
+const BIG_PODS: usize = 110;
+
+/// One plugin process over the NRI wire (the same test peer as
+/// tests/protocol.rs), with or without the API source.
+async fn plugin_process(
+    dir: &Path,
+    config: &str,
+    uids: &[String],
+) -> (common::PluginProcess, common::PeerSession) {
+    use nri_qos::nri::proto::api;
+    let sock = dir.join("nri.sock");
+    let cfg = dir.join("c.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+    let plugin = common::PluginProcess::external(
+        &sock,
+        dir,
+        &["--config", cfg.to_str().unwrap(), "--log-level", "nri_qos=debug"],
+    );
+    let mut s = common::accept(&listener, false).await;
+    s.handshake(true).await;
+    // The runtime's view of the same 110 pods, as on a full node.
+    let mut pods = Vec::new();
+    let mut ctrs = Vec::new();
+    for (i, uid) in uids.iter().enumerate() {
+        let id = format!("s{i}");
+        let mut p = common::pod(&id, &format!("/kubepods/burstable/pod{uid}"));
+        p.uid = uid.clone();
+        let mut c = common::container(&format!("c{i}"), &id, 102, 0, 0, 985);
+        c.name = "app".into();
+        pods.push(p);
+        ctrs.push(c);
+    }
+    s.plugin
+        .synchronize(
+            common::ctx(),
+            &api::SynchronizeRequest {
+                pods,
+                containers: ctrs,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("synchronize");
+    (plugin, s)
+}
+
+/// The CreateContainer hook takes the exact request from the API server
+/// (request source api-server), and what the watch of a full node's pods
+/// costs the plugin process in memory.
+fn hooks_and_memory_of_the_plugin_process(
+    cluster: &Cluster,
+    rt: &tokio::runtime::Runtime,
+    pods: &Api<Pod>,
+) {
+    let mut uids = Vec::new();
+    rt.block_on(async {
+        for i in 0..BIG_PODS {
+            let p = pod(
+                &format!("big-{i}"),
+                BIG_NODE,
+                json!({"containers": [container("app", Some(&format!("{}Mi", 100 + i)), Some("1Gi"))]}),
+            );
+            let created = pods.create(&PostParams::default(), &p).await.unwrap();
+            uids.push(created.metadata.uid.unwrap());
+        }
+    });
+    let with_dir = tempfile::tempdir().unwrap();
+    let without_dir = tempfile::tempdir().unwrap();
+    let with_cfg = format!(
+        "[kubernetes]\nkubeconfig = \"{}\"\nnode-name = \"{BIG_NODE}\"\n",
+        cluster.plugin.display()
+    );
+    let ((mut with, s_with), (mut without, s_without)) = rt.block_on(async {
+        (
+            plugin_process(with_dir.path(), &with_cfg, &uids).await,
+            plugin_process(without_dir.path(), "[kubernetes]\nenabled = false\n", &uids).await,
+        )
+    });
+    wait_for("the plugin's first list", Duration::from_secs(30), || {
+        with.log_text().contains("listed this node's pods")
+    });
+    // A container created now: its request comes from the API server.
+    rt.block_on(async {
+        use nri_qos::nri::proto::api;
+        for s in [&s_with, &s_without] {
+            let mut p = common::pod("n7", &format!("/kubepods/burstable/pod{}", uids[7]));
+            p.uid = uids[7].clone();
+            let mut c = common::container("n7c", "n7", 102, 0, 1 << 30, 985);
+            c.name = "app".into();
+            s.plugin
+                .create_container(
+                    common::ctx(),
+                    &api::CreateContainerRequest {
+                        pod: protobuf::MessageField::some(p),
+                        container: protobuf::MessageField::some(c),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("create_container");
+        }
+    });
+    let exact = (100 + 7) * MI;
+    let decision = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("policy decision") && l.contains(&format!("pod-n7")))
+            .last()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let line = decision(&with.log_text());
+    assert!(
+        line.contains("request_source=ApiServer") && line.contains(&format!("memory_request=Some({exact})")),
+        "{line}"
+    );
+    let line = decision(&without.log_text());
+    assert!(line.contains("request_source=OomScoreAdj"), "{line}");
+    // Resident memory once both settled (the watch's first list done).
+    std::thread::sleep(Duration::from_secs(2));
+    let (a, b) = (with.rss_kib(), without.rss_kib());
+    eprintln!(
+        "kube_api: plugin RSS with the API watch of {BIG_PODS} pods: {a} KiB; without: {b} KiB; difference {} KiB",
+        a as i64 - b as i64
+    );
+    assert!(with.is_running() && without.is_running());
+    drop((s_with, s_without));
 }
