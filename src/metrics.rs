@@ -233,29 +233,23 @@ impl Metrics {
         if !k.configured.load(Ordering::Relaxed) {
             return;
         }
-        header(
+        gauge(
             o,
             "nri_qos_kube_connected",
-            "gauge",
             "1 while the watch of this node's pods on the API server is listed and not failing.",
+            u8::from(k.connected.load(Ordering::Relaxed)),
         );
-        let _ = writeln!(
-            o,
-            "nri_qos_kube_connected {}",
-            u8::from(k.connected.load(Ordering::Relaxed))
-        );
-        header(
+        gauge(
             o,
             "nri_qos_kube_pods",
-            "gauge",
             "Pods on this node the API source knows.",
+            k.pods.load(Ordering::Relaxed),
         );
-        let _ = writeln!(o, "nri_qos_kube_pods {}", k.pods.load(Ordering::Relaxed));
-        header(o, "nri_qos_kube_watch_lag_seconds", "gauge", "Delay from the API server's last write of a pod to the watch event for it (latest event; includes clock skew).");
-        let _ = writeln!(
+        gauge(
             o,
-            "nri_qos_kube_watch_lag_seconds {}",
-            float(k.lag_micros.load(Ordering::Relaxed) as f64 / 1e6)
+            "nri_qos_kube_watch_lag_seconds",
+            "Delay from the API server's last write of a pod to the watch event for it (latest event; includes clock skew).",
+            float(k.lag_micros.load(Ordering::Relaxed) as f64 / 1e6),
         );
         header(
             o,
@@ -370,6 +364,12 @@ impl Metrics {
         self.render_kube(o);
         out
     }
+}
+
+/// A gauge without labels: its header and its one sample.
+fn gauge(o: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+    header(o, name, "gauge", help);
+    let _ = writeln!(o, "{name} {value}");
 }
 
 fn header(o: &mut String, name: &str, kind: &str, help: &str) {

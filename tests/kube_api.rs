@@ -893,7 +893,12 @@ async fn plugin_process(
     let plugin = common::PluginProcess::external(
         &sock,
         dir,
-        &["--config", cfg.to_str().unwrap(), "--log-level", "nri_qos=debug"],
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--log-level",
+            "nri_qos=debug",
+        ],
     );
     let mut s = common::accept(&listener, false).await;
     s.handshake(true).await;
@@ -989,7 +994,8 @@ fn hooks_and_memory_of_the_plugin_process(
     };
     let line = decision(&with.log_text());
     assert!(
-        line.contains("request_source=ApiServer") && line.contains(&format!("memory_request=Some({exact})")),
+        line.contains("request_source=ApiServer")
+            && line.contains(&format!("memory_request=Some({exact})")),
         "{line}"
     );
     let line = decision(&without.log_text());
