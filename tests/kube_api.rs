@@ -987,8 +987,7 @@ fn hooks_and_memory_of_the_plugin_process(
     let exact = (100 + 7) * MI;
     let decision = |log: &str| {
         log.lines()
-            .filter(|l| l.contains("policy decision") && l.contains(&format!("pod-n7")))
-            .last()
+            .rfind(|l| l.contains("policy decision") && l.contains("pod-n7"))
             .unwrap_or_default()
             .to_string()
     };
