@@ -1009,3 +1009,41 @@ fn hooks_and_memory_of_the_plugin_process(
     assert!(with.is_running() && without.is_running());
     drop((s_with, s_without));
 }
+
+/// Not a test: serves the API server with a watchable full node for
+/// `scripts/bench-kube.sh` (the hook benchmark with the API source on).
+/// Writes the plugin's kubeconfig to `$NRI_QOS_KUBE_SERVE` and serves until
+/// that file is removed.
+#[test]
+#[ignore]
+fn serve_for_benchmarks() {
+    let Some(out) = std::env::var_os("NRI_QOS_KUBE_SERVE").map(PathBuf::from) else {
+        eprintln!("set NRI_QOS_KUBE_SERVE to a path for the kubeconfig");
+        return;
+    };
+    let cluster = Cluster::start().expect("API server");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = rt.block_on(client(&cluster.admin));
+    rt.block_on(async {
+        let ns = serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap();
+        Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        apply_rbac(&admin).await;
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+        for i in 0..BIG_PODS {
+            let p = pod(
+                &format!("big-{i}"),
+                BIG_NODE,
+                json!({"containers": [container("app", Some("100Mi"), None)]}),
+            );
+            pods.create(&PostParams::default(), &p).await.unwrap();
+        }
+    });
+    std::fs::copy(&cluster.plugin, &out).unwrap();
+    eprintln!("serving; node {BIG_NODE}, kubeconfig {}", out.display());
+    while out.exists() {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
