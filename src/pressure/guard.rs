@@ -237,6 +237,8 @@ impl Monitor {
             self.decider.kill_finished(now);
             return;
         }
-        self.kill(victim, wake, now, Cause::Throttle(signal), report);
+        // The API server is not told of a throttle kill: its notice carries
+        // node-pressure figures (available, threshold) that do not apply.
+        self.kill(victim, wake, now, Cause::Throttle(signal), None, report);
     }
 }

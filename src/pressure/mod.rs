@@ -31,6 +31,7 @@
 
 pub mod act;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod decide;
 mod guard;
@@ -156,6 +157,8 @@ pub struct StepReport {
     pub killed: Option<String>,
     /// UID dry-run would have killed.
     pub would_kill: Option<String>,
+    /// UID evicted through the API server (soft threshold, not killed).
+    pub evicted: Option<String>,
     /// UIDs whose memory.reclaim was written (or would be, in dry-run).
     pub reclaimed: Vec<String>,
     /// The victim's cgroup emptied within kill-wait, after this long.
@@ -231,6 +234,8 @@ pub struct Monitor {
     guard: throttle::Guard,
     throttle_filter: throttle::Filter,
     relaxer: Arc<dyn throttle::Relaxer>,
+    /// Evictions through the API server, when it is configured.
+    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
 }
 
 impl Monitor {
@@ -278,6 +283,7 @@ impl Monitor {
             guard,
             throttle_filter: throttle::Filter::default(),
             relaxer: Arc::new(throttle::FileRelaxer),
+            cluster: None,
         }
     }
 
@@ -285,6 +291,12 @@ impl Monitor {
     /// instead of writing the cgroup file.
     pub fn with_relaxer(mut self, relaxer: Arc<dyn throttle::Relaxer>) -> Self {
         self.relaxer = relaxer;
+        self
+    }
+
+    /// Also evict through the API server (see [`cluster`]).
+    pub fn with_cluster(mut self, cluster: Arc<dyn cluster::ClusterEvictions>) -> Self {
+        self.cluster = Some(cluster);
         self
     }
 
@@ -407,6 +419,7 @@ impl Monitor {
                 request,
                 request_source,
                 pause_only: check_pause && act::pause_only(&pod.path, &self.paths.proc_root),
+                static_pod: info.as_ref().is_some_and(|i| i.static_pod),
                 path: pod.path,
             });
         }
@@ -470,6 +483,7 @@ impl Monitor {
             node: None,
             killed: None,
             would_kill: None,
+            evicted: None,
             reclaimed: Vec::new(),
             emptied_after: None,
             limit_bound: Vec::new(),
@@ -808,11 +822,95 @@ impl Monitor {
             );
             return;
         }
-        let victim = &cands[top];
-        if !act::populated(&victim.path) {
-            tracing::info!(pod = %victim.uid, "recheck: victim already empty, deciding again");
+        if !act::populated(&cands[top].path) {
+            tracing::info!(pod = %cands[top].uid, "recheck: victim already empty, deciding again");
             return;
         }
+        let threshold = if reason == Reason::Hard {
+            v.hard
+        } else {
+            v.soft
+        };
+        let notice = |c: &Candidate| {
+            Some(cluster::EvictionNotice {
+                uid: c.uid.clone(),
+                namespace: c.namespace.clone()?,
+                name: c.name.clone()?,
+                hard: reason == Reason::Hard,
+                available: fresh.effective_available(),
+                signal: fresh.signal().to_string(),
+                threshold,
+                working_set: c.working_set,
+                request: c.request,
+                request_source: c.request_source.to_string(),
+            })
+        };
+        // Soft threshold with the API server: an Eviction moves the pod (the
+        // kubelet terminates it gracefully), and a PodDisruptionBudget's
+        // refusal passes the turn to the next candidate. No answer: kill.
+        let cluster = self.cluster.clone().filter(|_| reason == Reason::Soft);
+        let mut top = top;
+        if let (Some(api), false) = (cluster, self.cfg.dry_run) {
+            let mut refused = 0;
+            let mut next = ranking.order.iter().copied().skip_while(|&i| i != top);
+            loop {
+                let Some(i) = next.next() else {
+                    tracing::warn!(refused, "every candidate's PodDisruptionBudget refused an eviction at the soft threshold; nothing evicted");
+                    self.decider.kill_started(now);
+                    self.decider.kill_finished(now);
+                    return;
+                };
+                if self.stuck.contains(&cands[i].path) || act::pause_only(&cands[i].path, proc_root)
+                {
+                    continue;
+                }
+                let Some(n) = notice(&cands[i]) else {
+                    top = i;
+                    break;
+                };
+                match api.evict(&n, cluster::SOFT_EVICTION_WAIT) {
+                    cluster::EvictOutcome::Created => {
+                        tracing::warn!(
+                            victim = %cands[i].uid,
+                            namespace = %n.namespace,
+                            name = %n.name,
+                            class = ?cands[i].class,
+                            working_set = n.working_set,
+                            request = n.request,
+                            request_source = %n.request_source,
+                            priority = cands[i].priority.unwrap_or(0),
+                            available = n.available,
+                            signal = %n.signal,
+                            "evicted pod through the API server (the kubelet terminates it gracefully)"
+                        );
+                        report.evicted = Some(cands[i].uid.clone());
+                        if let Some(m) = &self.metrics {
+                            m.inc_eviction(
+                                &format!("{:?}", cands[i].class),
+                                &format!("{reason:?}"),
+                            );
+                        }
+                        self.decider.kill_started(now);
+                        self.victim = Some(Victim {
+                            uid: cands[i].uid.clone(),
+                            path: cands[i].path.clone(),
+                            since: now,
+                        });
+                        return;
+                    }
+                    cluster::EvictOutcome::RefusedByPdb => {
+                        refused += 1;
+                        tracing::info!(pod = %format_args!("{}/{}", n.namespace, n.name), "PodDisruptionBudget refused the eviction at the soft threshold; trying the next candidate");
+                    }
+                    cluster::EvictOutcome::Unreachable => {
+                        tracing::warn!(pod = %format_args!("{}/{}", n.namespace, n.name), "API server unreachable; killing the pod's cgroup instead");
+                        top = i;
+                        break;
+                    }
+                }
+            }
+        }
+        let victim = &cands[top];
         tracing::warn!(
             victim = %victim.uid,
             namespace = victim.namespace.as_deref().unwrap_or("?"),
@@ -836,18 +934,28 @@ impl Monitor {
             dry_run = self.cfg.dry_run,
             "killing pod"
         );
-        self.kill(victim.clone(), wake, now, Cause::Node(reason), report);
+        let tell_api = notice(victim);
+        self.kill(
+            victim.clone(),
+            wake,
+            now,
+            Cause::Node(reason),
+            tell_api,
+            report,
+        );
     }
 
     /// The one kill path (node pressure and the throttle guard): dry-run,
     /// cgroup.kill + process_mrelease, watch the cgroup empty, then the
-    /// decider's in-flight / cooldown.
+    /// decider's in-flight / cooldown. `tell_api`: what the API server
+    /// learns after the kill, when it is configured.
     fn kill(
         &mut self,
         victim: Candidate,
         wake: &Wake,
         now: Duration,
         cause: Cause,
+        tell_api: Option<cluster::EvictionNotice>,
         report: &mut StepReport,
     ) {
         let victim = &victim;
@@ -885,6 +993,10 @@ impl Monitor {
                     "killed pod"
                 );
                 report.killed = Some(victim.uid.clone());
+                // Killed first; the API learns of it in the background.
+                if let (Some(api), Some(n)) = (&self.cluster, tell_api) {
+                    api.evict_after_kill(n);
+                }
                 if let Some(m) = &self.metrics {
                     let class = format!("{:?}", victim.class);
                     match cause {
@@ -940,16 +1052,37 @@ pub async fn run_with_metrics(
     pods: Arc<dyn PodRegistry>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
 ) -> Result<(), MonitorError> {
-    run_in_plugin(cfg, paths, pods, metrics, Arc::new(throttle::FileRelaxer)).await
+    run_with_cluster(cfg, paths, pods, metrics, None).await
 }
 
-/// `run_with_metrics`, relaxing memory.high through `relaxer` (the plugin's
-/// NRI session).
+/// `run_with_metrics`, also evicting through the API server when `cluster`
+/// is given.
+pub async fn run_with_cluster(
+    cfg: MonitorConfig,
+    paths: Paths,
+    pods: Arc<dyn PodRegistry>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
+) -> Result<(), MonitorError> {
+    run_in_plugin(
+        cfg,
+        paths,
+        pods,
+        metrics,
+        cluster,
+        Arc::new(throttle::FileRelaxer),
+    )
+    .await
+}
+
+/// `run_with_cluster`, relaxing memory.high through `relaxer` (the
+/// plugin's NRI session).
 pub async fn run_in_plugin(
     cfg: MonitorConfig,
     paths: Paths,
     pods: Arc<dyn PodRegistry>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
     relaxer: Arc<dyn throttle::Relaxer>,
 ) -> Result<(), MonitorError> {
     cfg.validate()?;
@@ -966,6 +1099,9 @@ pub async fn run_in_plugin(
         .with_relaxer(relaxer);
     if let Some(m) = metrics {
         monitor = monitor.with_metrics(m);
+    }
+    if let Some(c) = cluster {
+        monitor = monitor.with_cluster(c);
     }
     let nice = cfg.nice;
     start(cfg, paths, monitor, Arc::new(SystemClock::default()), nice).await
