@@ -246,8 +246,8 @@ pub fn audit(
         let eff = qos::policy::effective(&facts.resources, &d.adjustment);
         let bytes = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok());
         let e = protection.entry(c.pod_sandbox_id.as_str()).or_default();
-        e.0 += bytes("memory.min").unwrap_or(0);
-        e.1 += bytes("memory.low").unwrap_or(0);
+        e.0 = e.0.saturating_add(bytes("memory.min").unwrap_or(0));
+        e.1 = e.1.saturating_add(bytes("memory.low").unwrap_or(0));
 
         let name = format!("{}/{}/{}", pod_facts.namespace, pod_facts.name, facts.name);
         let Some(rel) = container_cgroup_dir(&facts.cgroups_path) else {
