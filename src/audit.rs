@@ -21,6 +21,7 @@ use ttrpc::r#async::TtrpcContext;
 use crate::cgroup::layout::pod_cgroups;
 use crate::cgroup::plan::{self, PodProtection};
 use crate::cgroup::HierarchyConfig;
+use crate::node::relative_inside;
 use crate::nri::convert;
 use crate::nri::proto::{api, api_ttrpc};
 use crate::nri::session::{self, Identity, SessionError};
@@ -171,17 +172,22 @@ fn read_trimmed(path: &Path) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// The container's cgroup directory from the runtime's cgroups path:
-/// `/parent/id` (cgroupfs) or `slice:prefix:id` (systemd).
+/// The container's cgroup directory, relative to the cgroup root, from the
+/// runtime's cgroups path: `/parent/id` (cgroupfs) or `slice:prefix:id`
+/// (systemd). `None` for anything else, including paths that would leave
+/// the root (`..`, NUL).
 pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
     let parts: Vec<&str> = cgroups_path.split(':').collect();
-    match parts.as_slice() {
-        [path] if !path.is_empty() => Some(PathBuf::from(path.trim_start_matches('/'))),
+    let rel = match parts.as_slice() {
+        [path] if !path.is_empty() => PathBuf::from(path),
         [slice, prefix, id] if slice.ends_with(".slice") && !id.is_empty() => {
-            Some(systemd_slice_path(slice).join(format!("{prefix}-{id}.scope")))
+            systemd_slice_path(slice).join(format!("{prefix}-{id}.scope"))
         }
-        _ => None,
-    }
+        _ => return None,
+    };
+    relative_inside(rel)
+        .ok()
+        .filter(|r| !r.as_os_str().is_empty())
 }
 
 /// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
@@ -432,5 +438,19 @@ mod tests {
         );
         assert_eq!(container_cgroup_dir(""), None);
         assert_eq!(container_cgroup_dir("a:b"), None);
+    }
+
+    #[test]
+    fn cgroup_dirs_never_leave_the_root() {
+        for p in [
+            "/kubepods/burstable/poda/../../../../etc",
+            "..",
+            "/",
+            "kubepods/x\0y",
+            "kubepods-burstable-pod1.slice:cri-containerd:../../../etc",
+            "kubepods-../../x.slice:cri-containerd:abc",
+        ] {
+            assert_eq!(container_cgroup_dir(p), None, "{p:?}");
+        }
     }
 }

@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 
 use super::layout::{pod_cgroups, PodCgroups};
 use super::plan::{self, PodProtection, Protection, Write};
+use crate::node::{join_inside, UnsafePath};
 use crate::nri::plugin::Registry;
 use crate::pressure::stat::read_populated;
 
@@ -58,6 +59,8 @@ pub enum KeeperError {
         #[source]
         source: std::io::Error,
     },
+    #[error("refusing to write below the cgroup root")]
+    Path(#[from] UnsafePath),
 }
 
 /// What one reconcile pass did.
@@ -149,7 +152,9 @@ impl Keeper {
         cgroups
             .keys()
             .map(|cg| {
-                let dir = self.root.join(cg);
+                let Ok(dir) = join_inside(&self.root, cg) else {
+                    return (cg.clone(), Protection::default());
+                };
                 (
                     cg.clone(),
                     Protection {
@@ -162,7 +167,7 @@ impl Keeper {
     }
 
     fn write(&self, w: &Write) -> Result<(), KeeperError> {
-        let path = self.root.join(&w.cgroup).join(w.file);
+        let path = join_inside(&self.root, &w.cgroup)?.join(w.file);
         std::fs::write(&path, w.value.to_string()).map_err(|source| KeeperError::Write {
             path,
             value: w.value,
@@ -255,7 +260,7 @@ impl Keeper {
         // Only cgroups that exist: we never create what the kubelet owns.
         let mut missing = 0;
         t.by_cgroup.retain(|cg, _| {
-            let exists = self.root.join(cg).join("memory.min").exists();
+            let exists = join_inside(&self.root, cg).is_ok_and(|d| d.join("memory.min").exists());
             if !exists {
                 missing += 1;
             }
@@ -563,6 +568,24 @@ mod tests {
         assert_eq!(r.failed, 0);
         assert_eq!(read(root, "kubepods/poda", "memory.low"), 40960);
         assert_eq!(k.stats().failed_writes, 1);
+    }
+
+    #[test]
+    fn writes_never_leave_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cg");
+        tree(&root, &["kubepods"]);
+        tree(dir.path(), &["outside"]);
+        let k = Keeper::new(root.clone(), HierarchyConfig::default(), 16 << 30);
+        for cg in ["../outside", "kubepods/../../outside"] {
+            let w = Write {
+                cgroup: PathBuf::from(cg),
+                file: "memory.min",
+                value: 4096,
+            };
+            assert!(matches!(k.write(&w), Err(KeeperError::Path(_))), "{cg}");
+        }
+        assert_eq!(read(dir.path(), "outside", "memory.min"), 0);
     }
 
     #[test]
