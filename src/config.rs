@@ -224,6 +224,7 @@ const ENV_TABLE: &[(&str, &str, EnvSetter)] = &[
         "hierarchy.budget-share",
         |c, v| {
             c.hierarchy.budget_share = parse_num(v)?;
+            check_budget_share(c.hierarchy.budget_share)?;
             Ok(())
         },
     ),
@@ -276,6 +277,19 @@ where
     T::Err: std::fmt::Display,
 {
     v.parse::<T>().map_err(|e| format!("{v:?}: {e}"))
+}
+
+/// `hierarchy.budget-share`: a share of memory, so a finite number in
+/// (0, 1]. nan or a negative share would compute a budget of 0 and strip
+/// every pod of its protection; `hierarchy.enabled = false` turns it off.
+fn check_budget_share(v: f64) -> Result<(), String> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{v} is not a share in (0, 1] (to turn the keeper off: hierarchy.enabled = false)"
+        ))
+    }
 }
 
 fn non_empty_path(v: &str) -> Result<PathBuf, String> {
@@ -350,6 +364,10 @@ impl Config {
                 field: "policy",
                 reason,
             })?;
+        check_budget_share(self.hierarchy.budget_share).map_err(|reason| ConfigError::Invalid {
+            field: "hierarchy.budget-share",
+            reason,
+        })?;
         if !matches!(self.plugin.log_format.as_str(), "text" | "json") {
             return Err(ConfigError::Invalid {
                 field: "plugin.log-format",
@@ -400,6 +418,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("plugin.log-format"), "{err}");
+    }
+
+    #[test]
+    fn non_finite_and_out_of_range_shares_are_refused_everywhere() {
+        for v in ["nan", "-1.0", "7.0", "0.0", "inf", "-inf"] {
+            let text = format!("[hierarchy]\nbudget-share = {v}\n");
+            let err = Config::from_toml(&text, Path::new("c.toml"))
+                .expect_err(v)
+                .to_string();
+            assert!(err.contains("hierarchy.budget-share"), "{v}: {err}");
+            let err = Config::default()
+                .apply_env(env(&[("NRI_QOS_HIERARCHY_BUDGET_SHARE", v)]))
+                .expect_err(v)
+                .to_string();
+            assert!(err.contains("hierarchy.budget-share"), "{v}: {err}");
+            // The runtime's drop-in config is checked the same way.
+            let err =
+                crate::nri::plugin::layer_drop_in(&Default::default(), false, &text).expect_err(v);
+            assert!(err.contains("hierarchy.budget-share"), "{v}: {err}");
+        }
+        // The other float keys already were; keep them so.
+        for text in [
+            "[policy]\nmemory-throttling-factor = nan\n",
+            "[monitor]\nbesteffort-memory-high-factor = nan\n",
+            "[monitor]\nhard-threshold = \"nan%\"\n",
+            "[monitor]\nsoft-threshold = \"inf%\"\n",
+        ] {
+            assert!(
+                Config::from_toml(text, Path::new("c.toml")).is_err(),
+                "{text}"
+            );
+        }
+        let cfg = Config::from_toml("[hierarchy]\nbudget-share = 1.0\n", Path::new("c.toml"));
+        assert!(cfg.is_ok());
     }
 
     #[test]

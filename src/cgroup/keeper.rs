@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::layout::{pod_cgroups, PodCgroups};
 use super::plan::{self, PodProtection, Protection, Write};
@@ -73,6 +73,8 @@ pub struct PassReport {
     pub scaled: bool,
     pub requested: u64,
     pub budget: u64,
+    /// The budget would have scaled every value to 0: nothing was written.
+    pub refused: bool,
 }
 
 /// Running totals since start (for logs and metrics).
@@ -90,6 +92,7 @@ pub struct Keeper {
     mem_total: u64,
     warned_layouts: HashSet<String>,
     warned_budget: bool,
+    warned_zero_budget: bool,
     stats: KeeperStats,
 }
 
@@ -113,6 +116,7 @@ impl Keeper {
             mem_total,
             warned_layouts: HashSet::new(),
             warned_budget: false,
+            warned_zero_budget: false,
             stats: KeeperStats::default(),
         }
     }
@@ -276,6 +280,32 @@ impl Keeper {
         } else if !t.scaled {
             self.warned_budget = false;
         }
+        // A budget that scales everything to 0 is a misconfiguration (or a
+        // bug), never a reason to strip every pod of its protection.
+        let all_zero = t.by_cgroup.values().all(|p| p.min == 0 && p.low == 0);
+        if t.scaled && all_zero {
+            if !self.warned_zero_budget {
+                error!(
+                    requested = t.requested,
+                    budget = t.budget,
+                    mem_total = self.mem_total,
+                    reserve_bytes = self.cfg.reserve_bytes,
+                    budget_share = self.cfg.budget_share,
+                    "the protection budget leaves nothing to protect; keeping the current pod and QoS protection instead of lowering it to 0"
+                );
+                self.warned_zero_budget = true;
+            }
+            self.stats.passes += 1;
+            return PassReport {
+                missing,
+                scaled: true,
+                requested: t.requested,
+                budget: t.budget,
+                refused: true,
+                ..Default::default()
+            };
+        }
+        self.warned_zero_budget = false;
         let current = self.current(&t.by_cgroup);
         let mut report = PassReport {
             missing,
@@ -586,6 +616,39 @@ mod tests {
             assert!(matches!(k.write(&w), Err(KeeperError::Path(_))), "{cg}");
         }
         assert_eq!(read(dir.path(), "outside", "memory.min"), 0);
+    }
+
+    #[test]
+    fn a_zero_budget_never_strips_protection() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(root, &["kubepods", "kubepods/poda"]);
+        let reg = registry(&[("a", "/kubepods/poda", 1 << 30, 0)]);
+        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let pods = k.pods_from_registry(&reg);
+        k.reconcile(&pods);
+        assert_eq!(read(root, "kubepods/poda", "memory.min"), 1 << 30);
+        // nan, a negative share, or a reserve above MemTotal: budget 0.
+        for cfg in [
+            HierarchyConfig {
+                budget_share: f64::NAN,
+                ..Default::default()
+            },
+            HierarchyConfig {
+                budget_share: -1.0,
+                ..Default::default()
+            },
+            HierarchyConfig {
+                reserve_bytes: 32 << 30,
+                ..Default::default()
+            },
+        ] {
+            let mut k = Keeper::new(root.to_path_buf(), cfg, 16 << 30);
+            let r = k.reconcile(&pods);
+            assert!(r.refused && r.written == 0, "{r:?}");
+            assert_eq!(read(root, "kubepods", "memory.min"), 1 << 30);
+            assert_eq!(read(root, "kubepods/poda", "memory.min"), 1 << 30);
+        }
     }
 
     #[test]
