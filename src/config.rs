@@ -136,6 +136,10 @@ pub enum ConfigError {
     },
 }
 
+/// Longest `hierarchy.resync-seconds`: a retry an hour apart is already no
+/// retry; beyond that a typo (or i64::MAX) would mean never.
+pub const MAX_RESYNC_SECONDS: u64 = 3600;
+
 /// Prefix of the environment variables [`Config::apply_env`] reads.
 pub const ENV_PREFIX: &str = "NRI_QOS_";
 
@@ -368,6 +372,31 @@ impl Config {
             field: "hierarchy.budget-share",
             reason,
         })?;
+        crate::observability::check_level(&self.plugin.log_level).map_err(|reason| {
+            ConfigError::Invalid {
+                field: "plugin.log-level",
+                reason,
+            }
+        })?;
+        for (field, path) in [
+            ("plugin.socket", &self.plugin.socket),
+            ("node.cgroup-root", &self.node.cgroup_root),
+            ("node.proc-root", &self.node.proc_root),
+        ] {
+            if path.as_os_str().is_empty() {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: "empty path".into(),
+                });
+            }
+        }
+        let resync = self.hierarchy.resync_seconds;
+        if !(1..=MAX_RESYNC_SECONDS).contains(&resync) {
+            return Err(ConfigError::Invalid {
+                field: "hierarchy.resync-seconds",
+                reason: format!("{resync} is not in 1..={MAX_RESYNC_SECONDS}"),
+            });
+        }
         if !matches!(self.plugin.log_format.as_str(), "text" | "json") {
             return Err(ConfigError::Invalid {
                 field: "plugin.log-format",
@@ -452,6 +481,63 @@ mod tests {
         }
         let cfg = Config::from_toml("[hierarchy]\nbudget-share = 1.0\n", Path::new("c.toml"));
         assert!(cfg.is_ok());
+    }
+
+    #[test]
+    fn validation_gaps_are_errors_naming_the_key() {
+        let table: &[(&str, &str)] = &[
+            ("[plugin]\nlog-level = \"(((\"\n", "plugin.log-level"),
+            ("[plugin]\nlog-level = \"\"\n", "plugin.log-level"),
+            ("[plugin]\nsocket = \"\"\n", "plugin.socket"),
+            ("[node]\ncgroup-root = \"\"\n", "node.cgroup-root"),
+            ("[node]\nproc-root = \"\"\n", "node.proc-root"),
+            (
+                "[hierarchy]\nresync-seconds = 9223372036854775807\n",
+                "hierarchy.resync-seconds",
+            ),
+            (
+                "[hierarchy]\nresync-seconds = 0\n",
+                "hierarchy.resync-seconds",
+            ),
+            ("[monitor]\nkubepods = \"../../etc\"\n", "monitor.kubepods"),
+            (
+                "[monitor]\nkubepods = \"/kubepods.slice/../../etc\"\n",
+                "monitor.kubepods",
+            ),
+            ("[monitor]\ncooldown = \"999999999m\"\n", "monitor.cooldown"),
+            (
+                "[monitor]\ntransition-period = \"2000000s\"\n",
+                "monitor.transition-period",
+            ),
+            (
+                "[monitor]\nhard-threshold = \"300Mi\"\nsoft-threshold = \"100Mi\"\n",
+                "monitor.soft-threshold",
+            ),
+            (
+                "[monitor]\nhard-threshold = \"10%\"\nsoft-threshold = \"5%\"\n",
+                "monitor.soft-threshold",
+            ),
+        ];
+        for (text, key) in table {
+            let err = Config::from_toml(text, Path::new("c.toml"))
+                .expect_err(text)
+                .to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        for ok in [
+            "[monitor]\nkubepods = \"/kubepods.slice\"\n",
+            "[monitor]\nsoft-threshold = \"0\"\n",
+            "[hierarchy]\nresync-seconds = 3600\n",
+            "[plugin]\nlog-level = \"nri_qos=debug,warn\"\n",
+        ] {
+            Config::from_toml(ok, Path::new("c.toml")).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        // The environment layer ends in the same validation.
+        let mut cfg = Config::default();
+        cfg.apply_env(env(&[("NRI_QOS_PLUGIN_LOG_LEVEL", "(((")]))
+            .unwrap();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("plugin.log-level"), "{err}");
     }
 
     #[test]

@@ -112,10 +112,16 @@ fn run_explain(args: ExplainArgs) -> anyhow::Result<()> {
         None => Config::default(),
     };
     let memory = parse_bytes(&args.node_memory).context("--node-memory")?;
+    if memory == 0 {
+        bail!("--node-memory must be more than 0");
+    }
     let allocatable = match &args.node_allocatable {
         Some(a) => parse_bytes(a).context("--node-allocatable")?,
         None => memory,
     };
+    if allocatable == 0 {
+        bail!("--node-allocatable must be more than 0");
+    }
     parse_milli(&args.node_cpus).context("--node-cpus")?;
     let driver = match args.cgroup_driver.as_str() {
         "cgroupfs" => Driver::Cgroupfs,

@@ -524,7 +524,8 @@ mod tests {
     };
 
     fn one(yaml: &str) -> PodReport {
-        explain(yaml, &NODE, &PolicyConfig::default()).unwrap()
+        let yaml = format!("kind: Pod\n{yaml}");
+        explain(&yaml, &NODE, &PolicyConfig::default()).unwrap()
     }
 
     #[test]
@@ -579,7 +580,7 @@ mod tests {
 
     #[test]
     fn node_critical_and_systemd_paths() {
-        let yaml = "metadata: {name: c, uid: a-b}\nspec:\n  priorityClassName: system-node-critical\n  containers:\n  - name: app\n    resources: {requests: {memory: 256Mi}}\n";
+        let yaml = "kind: Pod\nmetadata: {name: c, uid: a-b}\nspec:\n  priorityClassName: system-node-critical\n  containers:\n  - name: app\n    resources: {requests: {memory: 256Mi}}\n";
         let node = NodeSpec {
             driver: Driver::Systemd,
             ..NODE

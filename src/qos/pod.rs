@@ -156,7 +156,13 @@ pub fn parse_pod(yaml: &str) -> Result<Pod, ManifestError> {
         path: e.path().to_string(),
         message: e.into_inner().to_string(),
     })?;
-    if !pod.kind.is_empty() && pod.kind != "Pod" {
+    if pod.kind.is_empty() {
+        return Err(ManifestError::Field {
+            path: "kind".into(),
+            message: "missing; a Pod manifest says `kind: Pod`".into(),
+        });
+    }
+    if pod.kind != "Pod" {
         return Err(ManifestError::NotAPod(pod.kind));
     }
     if pod.spec.containers.is_empty() {
@@ -191,7 +197,7 @@ mod tests {
             .to_string();
         assert!(err.contains("spec.containers[0].resources"), "{err}");
         let pod = parse_pod(
-            "spec:\n  containers:\n  - name: a\n  - name: b\n    resources:\n      limits: {memory: 12x}\n",
+            "kind: Pod\nspec:\n  containers:\n  - name: a\n  - name: b\n    resources:\n      limits: {memory: 12x}\n",
         )
         .unwrap();
         let err = pod.spec.containers[1]
@@ -204,7 +210,11 @@ mod tests {
             "spec.containers[1].resources.limits.memory: invalid quantity \"12x\""
         );
         assert!(parse_pod("kind: Service\nspec: {containers: [{name: a}]}").is_err());
-        assert!(parse_pod("spec: {containers: []}").is_err());
+        assert!(parse_pod("kind: Pod\nspec: {containers: []}").is_err());
+        let err = parse_pod("spec: {containers: [{name: a}]}")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("kind: missing"), "{err}");
         assert!(parse_pod(": : :").is_err());
     }
 }
