@@ -369,24 +369,70 @@ fn metrics_is_send_sync_and_counts_from_many_threads() {
     assert!(text.contains("nri_qos_hook_duration_seconds_count 4000"));
 }
 
+/// Raises this process's open-file limit to its hard limit: the test holds
+/// both ends of a thousand connections.
+fn raise_fd_limit(want: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a stack struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+    assert!(
+        lim.rlim_cur >= want,
+        "open-file hard limit {} < {want}",
+        lim.rlim_cur
+    );
+}
+
+/// Round trip of `GET /healthz`, the way `nri-qos health` does it.
+fn health_latency(addr: SocketAddr) -> Duration {
+    let t = std::time::Instant::now();
+    metrics::check_health(addr, Duration::from_secs(5)).expect("healthz");
+    t.elapsed()
+}
+
 #[test]
-fn connections_beyond_the_limit_are_closed_not_queued() {
+fn idle_and_slow_clients_never_starve_healthz() {
+    raise_fd_limit(2600);
     let addr = start(Arc::new(Metrics::new()));
-    let idle: Vec<TcpStream> = (0..metrics::MAX_CONNECTIONS)
+    // 1,000 idle connections, then 1,000 slow-loris ones that send a
+    // request head one byte at a time and never finish it.
+    let idle: Vec<TcpStream> = (0..1000)
         .map(|_| TcpStream::connect(addr).unwrap())
         .collect();
-    // Let the server accept them all (they then wait for a request).
-    std::thread::sleep(Duration::from_millis(300));
-    let resp = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n");
-    assert_eq!(resp, "", "over the limit: closed without an answer");
-    // Idle clients leaving free their slots.
-    drop(idle);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while let Err(e) = metrics::check_health(addr, Duration::from_secs(5)) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "slots never freed: {e}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    let mut slow: Vec<TcpStream> = (0..1000)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let _ = s.write_all(b"G");
+            s
+        })
+        .collect();
+    let mut worst = Duration::ZERO;
+    for round in 0..20 {
+        for s in slow.iter_mut() {
+            let _ = s.write_all(&[b"ET /metrics"[round % 11]]);
+        }
+        worst = worst.max(health_latency(addr));
+        std::thread::sleep(Duration::from_millis(20));
     }
+    assert!(
+        worst < Duration::from_millis(50),
+        "healthz took {worst:?} beside 2,000 idle and slow clients"
+    );
+    // Idle ones are cut off fast: the oldest are closed at once to make
+    // room, the rest within the request timeout.
+    std::thread::sleep(metrics::REQUEST_TIMEOUT + Duration::from_millis(500));
+    let mut s = idle.into_iter().last().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(
+        String::from_utf8_lossy(&buf).is_empty() || buf.starts_with(b"HTTP/1.1 400 "),
+        "{buf:?}"
+    );
 }
