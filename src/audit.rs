@@ -21,7 +21,7 @@ use ttrpc::r#async::TtrpcContext;
 use crate::cgroup::layout::pod_cgroups;
 use crate::cgroup::plan::{self, PodProtection};
 use crate::cgroup::HierarchyConfig;
-use crate::node::relative_inside;
+pub use crate::node::{container_cgroup_dir, systemd_slice_path};
 use crate::nri::convert;
 use crate::nri::proto::{api, api_ttrpc};
 use crate::nri::session::{self, Identity, SessionError};
@@ -170,39 +170,6 @@ fn read_trimmed(path: &Path) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
         .map(|s| s.trim().to_string())
-}
-
-/// The container's cgroup directory, relative to the cgroup root, from the
-/// runtime's cgroups path: `/parent/id` (cgroupfs) or `slice:prefix:id`
-/// (systemd). `None` for anything else, including paths that would leave
-/// the root (`..`, NUL).
-pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
-    let parts: Vec<&str> = cgroups_path.split(':').collect();
-    let rel = match parts.as_slice() {
-        [path] if !path.is_empty() => PathBuf::from(path),
-        [slice, prefix, id] if slice.ends_with(".slice") && !id.is_empty() => {
-            systemd_slice_path(slice).join(format!("{prefix}-{id}.scope"))
-        }
-        _ => return None,
-    };
-    relative_inside(rel)
-        .ok()
-        .filter(|r| !r.as_os_str().is_empty())
-}
-
-/// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
-pub fn systemd_slice_path(slice: &str) -> PathBuf {
-    let name = slice.strip_suffix(".slice").unwrap_or(slice);
-    let mut path = PathBuf::new();
-    let mut prefix = String::new();
-    for part in name.split('-') {
-        if !prefix.is_empty() {
-            prefix.push('-');
-        }
-        prefix.push_str(part);
-        path.push(format!("{prefix}.slice"));
-    }
-    path
 }
 
 fn check(key: &str, expected: String, actual: Option<String>) -> Check {

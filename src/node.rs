@@ -58,6 +58,39 @@ pub fn join_inside(root: &Path, rel: impl AsRef<Path>) -> Result<PathBuf, Unsafe
     relative_inside(rel).map(|r| root.join(r))
 }
 
+/// The container's cgroup directory, relative to the cgroup root, from the
+/// runtime's cgroups path: `/parent/id` (cgroupfs) or `slice:prefix:id`
+/// (systemd). `None` for anything else, including paths that would leave
+/// the root (`..`, NUL).
+pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
+    let parts: Vec<&str> = cgroups_path.split(':').collect();
+    let rel = match parts.as_slice() {
+        [path] if !path.is_empty() => PathBuf::from(path),
+        [slice, prefix, id] if slice.ends_with(".slice") && !id.is_empty() => {
+            systemd_slice_path(slice).join(format!("{prefix}-{id}.scope"))
+        }
+        _ => return None,
+    };
+    relative_inside(rel)
+        .ok()
+        .filter(|r| !r.as_os_str().is_empty())
+}
+
+/// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
+pub fn systemd_slice_path(slice: &str) -> PathBuf {
+    let name = slice.strip_suffix(".slice").unwrap_or(slice);
+    let mut path = PathBuf::new();
+    let mut prefix = String::new();
+    for part in name.split('-') {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.push_str(part);
+        path.push(format!("{prefix}.slice"));
+    }
+    path
+}
+
 /// MemTotal in bytes from a /proc/meminfo text.
 pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
     meminfo.lines().find_map(|l| {
