@@ -266,7 +266,7 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
                 .iter()
                 .filter(|(_, init, sidecar, _)| !init || *sidecar)
                 .map(|(_, _, _, r)| mem(r))
-                .sum();
+                .fold(0, u64::saturating_add);
             let init_max = all
                 .iter()
                 .filter(|(_, init, sidecar, _)| *init && !*sidecar)
@@ -345,8 +345,8 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
             unified("memory.low").unwrap_or(0),
         );
         if !*init || *sidecar {
-            pod_min += min;
-            pod_low += low;
+            pod_min = pod_min.saturating_add(min);
+            pod_low = pod_low.saturating_add(low);
         }
         let container_path = match node.driver {
             Driver::Cgroupfs => format!("{pod_path}/<container-id>"),
@@ -576,6 +576,12 @@ mod tests {
             assert_eq!(c.cpu_shares, 2048);
             assert_eq!(c.memory_max, json!(4u64 << 30));
         }
+    }
+
+    #[test]
+    fn huge_requests_saturate_instead_of_wrapping() {
+        let r = one("metadata: {name: h}\nspec:\n  resources:\n    requests: {memory: 8Ei}\n  containers:\n  - name: a\n    resources: {requests: {memory: 8Ei}}\n  - name: b\n    resources: {requests: {memory: 8Ei}}\n");
+        assert_eq!(r.containers.len(), 2);
     }
 
     #[test]
