@@ -369,9 +369,9 @@ fn metrics_is_send_sync_and_counts_from_many_threads() {
     assert!(text.contains("nri_qos_hook_duration_seconds_count 4000"));
 }
 
-/// Raises this process's open-file limit to its hard limit: the test holds
-/// both ends of a thousand connections.
-fn raise_fd_limit(want: u64) {
+/// Raises this process's open-file limit to its hard limit (the test holds
+/// the client ends of its connections) and returns it.
+fn raise_fd_limit() -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -382,11 +382,7 @@ fn raise_fd_limit(want: u64) {
         lim.rlim_cur = lim.rlim_max;
         assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
     }
-    assert!(
-        lim.rlim_cur >= want,
-        "open-file hard limit {} < {want}",
-        lim.rlim_cur
-    );
+    lim.rlim_cur
 }
 
 /// Round trip of `GET /healthz`, the way `nri-qos health` does it.
@@ -398,14 +394,16 @@ fn health_latency(addr: SocketAddr) -> Duration {
 
 #[test]
 fn idle_and_slow_clients_never_starve_healthz() {
-    raise_fd_limit(2600);
+    // 1,000 of each where the hard limit allows (it does on CI and on
+    // systemd hosts); the server side holds at most MAX_CONNECTIONS.
+    let fds = raise_fd_limit().saturating_sub(metrics::MAX_CONNECTIONS as u64 + 200);
+    let n = (fds / 2).min(1000) as usize;
+    assert!(n > 2 * metrics::MAX_CONNECTIONS, "open-file limit too low");
     let addr = start(Arc::new(Metrics::new()));
-    // 1,000 idle connections, then 1,000 slow-loris ones that send a
-    // request head one byte at a time and never finish it.
-    let idle: Vec<TcpStream> = (0..1000)
-        .map(|_| TcpStream::connect(addr).unwrap())
-        .collect();
-    let mut slow: Vec<TcpStream> = (0..1000)
+    // Idle connections, then slow-loris ones that send a request head one
+    // byte at a time and never finish it.
+    let idle: Vec<TcpStream> = (0..n).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut slow: Vec<TcpStream> = (0..n)
         .map(|_| {
             let mut s = TcpStream::connect(addr).unwrap();
             let _ = s.write_all(b"G");
@@ -422,7 +420,7 @@ fn idle_and_slow_clients_never_starve_healthz() {
     }
     assert!(
         worst < Duration::from_millis(50),
-        "healthz took {worst:?} beside 2,000 idle and slow clients"
+        "healthz took {worst:?} beside {n} idle and {n} slow clients"
     );
     // Idle ones are cut off fast: the oldest are closed at once to make
     // room, the rest within the request timeout.
