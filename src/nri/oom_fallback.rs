@@ -16,13 +16,13 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::Mode;
 use thiserror::Error;
 
-use crate::node::{container_cgroup_dir, relative_inside};
+use crate::node::container_cgroup_dir;
 
 #[derive(Debug, Error)]
 pub enum OomFallbackError {
@@ -47,14 +47,35 @@ pub enum OomFallbackError {
 /// Whether a `/proc/<pid>/cgroup` text puts the process in the cgroup
 /// `expected` (relative to the cgroup root) or below it: the v2 line
 /// `0::/path`, or any v1 hierarchy's line on a hybrid node.
+///
+/// Read from inside a cgroup namespace (the DaemonSet's container), paths
+/// are shown relative to our own cgroup: `/../../../burstable/pod<uid>/<id>`
+/// climbs to an ancestor both share, then names the rest. Then the part
+/// after the climb must be how `expected` ends; it names the pod and the
+/// container, which no other process's cgroup does.
 pub fn in_cgroup(proc_cgroup: &str, expected: &Path) -> bool {
     proc_cgroup.lines().any(|line| {
-        let Some(path) = line.splitn(3, ':').nth(2) else {
+        let Some(shown) = line.splitn(3, ':').nth(2) else {
             return false;
         };
-        // "/.." prefixes are what a cgroup namespace shows for cgroups
-        // outside it; relative_inside refuses them.
-        relative_inside(path).is_ok_and(|p| p.starts_with(expected))
+        let parts: Vec<Component> = Path::new(shown)
+            .components()
+            .filter(|c| !matches!(c, Component::RootDir | Component::CurDir))
+            .collect();
+        let climbed = parts
+            .iter()
+            .take_while(|c| **c == Component::ParentDir)
+            .count();
+        let rest = &parts[climbed..];
+        if rest.is_empty() || !rest.iter().all(|c| matches!(c, Component::Normal(_))) {
+            return false;
+        }
+        let rest: PathBuf = rest.iter().collect();
+        if climbed == 0 {
+            return rest.starts_with(expected);
+        }
+        rest.ancestors()
+            .any(|a| !a.as_os_str().is_empty() && expected.ends_with(a))
     })
 }
 
@@ -141,15 +162,22 @@ mod tests {
             13,
             "12:memory:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-poda.slice/cri-containerd-c1.scope\n0::/\n",
         );
-        fake_proc(root, 14, "0::/../../kubepods/burstable/poda/c1\n");
+        // Seen from inside a cgroup namespace (the DaemonSet's).
+        fake_proc(root, 14, "0::/../../../burstable/poda/c1\n");
+        fake_proc(root, 15, "0::/../../../burstable/podb/c1\n");
+        fake_proc(root, 16, "0::/../../../burstable/poda/c1/sub\n");
+        fake_proc(root, 17, "0::/../..\n");
 
-        write_oom_score_adj(root, 10, "/kubepods/burstable/poda/c1", 985).unwrap();
-        assert_eq!(adj_of(root, 10), "985");
+        for pid in [10, 14, 16] {
+            write_oom_score_adj(root, pid, "/kubepods/burstable/poda/c1", 985).unwrap();
+            assert_eq!(adj_of(root, pid), "985");
+        }
         // The runtime named a pid that is now someone else's.
         for (pid, path) in [
             (11, "/kubepods/burstable/poda/c1"),
             (12, "/kubepods/burstable/poda/c1"),
-            (14, "/kubepods/burstable/poda/c1"),
+            (15, "/kubepods/burstable/poda/c1"),
+            (17, "/kubepods/burstable/poda/c1"),
         ] {
             let e = write_oom_score_adj(root, pid, path, 985).unwrap_err();
             assert!(matches!(e, OomFallbackError::NotInContainer { .. }), "{e}");
