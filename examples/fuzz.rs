@@ -494,6 +494,8 @@ fn main() {
     let started = Instant::now();
     let mut last_report = Instant::now();
     let (mut decodes, mut handled, mut sessions, mut hangs) = (0u64, 0u64, 0u64, 0u64);
+    // Handler calls whose payload decoded and got an answer (not an error).
+    let mut answered = 0u64;
     let mut slowest = Duration::ZERO;
     eprintln!(
         "fuzzing {} messages, {} Plugin methods, seed {}",
@@ -570,7 +572,9 @@ fn main() {
                 connection_data: Default::default(),
             };
             let t0 = Instant::now();
-            let _ = rt.block_on(handler.handler(ctx, req));
+            if rt.block_on(handler.handler(ctx, req)).is_ok() {
+                answered += 1;
+            }
             let took = t0.elapsed();
             slowest = slowest.max(took);
             if took > Duration::from_secs(1) {
@@ -594,7 +598,7 @@ fn main() {
     let crashes = CRASHES.load(Ordering::SeqCst);
     let _ = std::io::stderr().flush();
     println!(
-        "fuzz: {} execs ({decodes} decodes, {handled} handler calls, {sessions} sessions) in {secs:.0} s, {:.0} execs/s, peak RSS {} KiB, slowest handler {slowest:?}, crashes {crashes}, hangs {hangs}",
+        "fuzz: {} execs ({decodes} decodes, {handled} handler calls of which {answered} answered, {sessions} sessions) in {secs:.0} s, {:.0} execs/s, peak RSS {} KiB, slowest handler {slowest:?}, crashes {crashes}, hangs {hangs}",
         args.execs,
         args.execs as f64 / secs,
         peak_rss_kib(),
