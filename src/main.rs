@@ -43,8 +43,8 @@ enum Command {
         /// Metrics address to probe.
         #[arg(long, default_value = nri_qos::config::DEFAULT_METRICS_ADDRESS)]
         address: std::net::SocketAddr,
-        /// Give up after this many seconds.
-        #[arg(long, default_value_t = 3)]
+        /// Give up after this many seconds (1..=3600).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=3600))]
         timeout_seconds: u64,
     },
 }
@@ -165,8 +165,8 @@ struct AuditArgs {
     /// Output: table or json.
     #[arg(long, default_value = "table")]
     output: String,
-    /// How long to wait for the runtime's Synchronize.
-    #[arg(long, default_value_t = 10)]
+    /// How long to wait for the runtime's Synchronize (1..=3600 seconds).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout_seconds: u64,
 }
 

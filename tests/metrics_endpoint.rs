@@ -434,3 +434,20 @@ fn idle_and_slow_clients_never_starve_healthz() {
         "{buf:?}"
     );
 }
+
+#[test]
+fn absurd_probe_timeouts_are_refused_naming_the_flag() {
+    for args in [
+        &["health", "--timeout-seconds", "9223372036854775807"][..],
+        &["health", "--timeout-seconds", "0"][..],
+        &["audit", "--timeout-seconds", "9223372036854775807"][..],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nri-qos"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--timeout-seconds"), "{args:?}: {err}");
+    }
+}
