@@ -15,6 +15,7 @@ fn monitor_source(s: RequestSource) -> MonitorSource {
     match s {
         RequestSource::UnifiedMemoryMin => MonitorSource::UnifiedMemoryQos,
         RequestSource::Annotation => MonitorSource::PodSpec,
+        RequestSource::ApiServer => MonitorSource::ApiServer,
         RequestSource::GuaranteedLimit => MonitorSource::CgroupPodMax,
         RequestSource::OomScoreAdj => MonitorSource::OomScoreAdj,
         RequestSource::BestEffort => MonitorSource::BestEffort,
@@ -50,6 +51,7 @@ pub fn pod_infos(reg: &Registry) -> Vec<PodInfo> {
                     .then(|| known.iter().fold(0u64, |a, b| a.saturating_add(*b))),
                 request_source: monitor_source(source),
                 class: ctrs.first().map(|c| c.class),
+                static_pod: false,
             }
         })
         .collect()
