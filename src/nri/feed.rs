@@ -168,6 +168,7 @@ mod tests {
                     request_source: i.request_source,
                     priority: i.priority,
                     pause_only: false,
+                    static_pod: false,
                     path: Default::default(),
                 })
                 .collect();

@@ -226,6 +226,15 @@ fn bytes_or_max(v: Option<u64>) -> Value {
 /// Explains a Pod manifest.
 pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodReport, ExplainError> {
     let pod = parse_pod(yaml)?;
+    // A file given to explain must say what it is (parse_pod also reads
+    // API objects, where list items can come without their kind).
+    if pod.kind.is_empty() {
+        return Err(ManifestError::Field {
+            path: "kind".into(),
+            message: "missing; a Pod manifest says `kind: Pod`".into(),
+        }
+        .into());
+    }
     let (class, class_reason) = pod_qos(&pod)?;
     let uid = if pod.metadata.uid.is_empty() {
         "00000000-0000-0000-0000-000000000000".to_string()
@@ -576,6 +585,15 @@ mod tests {
             assert_eq!(c.cpu_shares, 2048);
             assert_eq!(c.memory_max, json!(4u64 << 30));
         }
+    }
+
+    #[test]
+    fn a_manifest_without_kind_is_an_error_naming_it() {
+        let yaml = "spec: {containers: [{name: a}]}";
+        let err = explain(yaml, &NODE, &PolicyConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("kind: missing"), "{err}");
     }
 
     #[test]

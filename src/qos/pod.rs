@@ -229,13 +229,7 @@ pub fn parse_pod(yaml: &str) -> Result<Pod, ManifestError> {
         path: e.path().to_string(),
         message: e.into_inner().to_string(),
     })?;
-    if pod.kind.is_empty() {
-        return Err(ManifestError::Field {
-            path: "kind".into(),
-            message: "missing; a Pod manifest says `kind: Pod`".into(),
-        });
-    }
-    if pod.kind != "Pod" {
+    if !pod.kind.is_empty() && pod.kind != "Pod" {
         return Err(ManifestError::NotAPod(pod.kind));
     }
     if pod.spec.containers.is_empty() {
@@ -304,10 +298,6 @@ mod tests {
         );
         assert!(parse_pod("kind: Service\nspec: {containers: [{name: a}]}").is_err());
         assert!(parse_pod("kind: Pod\nspec: {containers: []}").is_err());
-        let err = parse_pod("spec: {containers: [{name: a}]}")
-            .unwrap_err()
-            .to_string();
-        assert!(err.starts_with("kind: missing"), "{err}");
         assert!(parse_pod(": : :").is_err());
     }
 }
