@@ -291,6 +291,7 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
         annotations: pod.metadata.annotations.clone(),
         cgroup_parent: cgroup_parent.clone(),
         resources: None,
+        kubelet_memory_qos: false,
     };
 
     let mut containers = Vec::new();
