@@ -321,6 +321,7 @@ pub fn audit(
                     cgroups,
                     memory_min: min,
                     memory_low: low,
+                    kubelet: false,
                 })
             })
             .collect();

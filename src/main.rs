@@ -373,6 +373,7 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
         dry_run: cfg.plugin.dry_run,
         adjust_existing: cfg.plugin.adjust_existing,
         proc_root: cfg.node.proc_root.clone(),
+        cgroup_root: cfg.node.cgroup_root.clone(),
     }));
 
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -395,7 +396,8 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
                 cfg.node.cgroup_root.clone(),
                 cfg.hierarchy.clone(),
                 node.memory_capacity,
-            );
+            )
+            .with_kubelet_memory_qos(cfg.policy.kubelet_memory_qos);
             tokio::spawn(nri_qos::cgroup::keeper::run(
                 keeper,
                 plugin.registry(),

@@ -20,8 +20,9 @@ use thiserror::Error;
 use tracing::{debug, info, warn};
 
 use super::layout::{pod_cgroups, PodCgroups};
-use super::plan::{self, PodProtection, Protection, Write};
+use super::plan::{self, Owner, PodProtection, Protection, Write};
 use crate::nri::plugin::Registry;
+use crate::qos::KubeletMemoryQos;
 use crate::pressure::stat::read_populated;
 
 /// `[hierarchy]` in `config/nri-qos.toml`.
@@ -64,6 +65,8 @@ pub enum KeeperError {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PassReport {
     pub written: usize,
+    /// Cgroups whose protection the kubelet owns (never written).
+    pub kubelet_owned: usize,
     pub failed: usize,
     /// Cgroups not (yet) on disk: retried next time.
     pub missing: usize,
@@ -88,6 +91,13 @@ pub struct Keeper {
     warned_layouts: HashSet<String>,
     warned_budget: bool,
     stats: KeeperStats,
+    kubelet_memory_qos: KubeletMemoryQos,
+    /// Who owns each cgroup's protection, decided once (nri-qos may still
+    /// give way to the kubelet, never the other way round).
+    owners: HashMap<PathBuf, Owner>,
+    /// What we last wrote, or found and took as ours, per cgroup: anything
+    /// else appearing there was written by someone else.
+    ours: HashMap<PathBuf, Protection>,
 }
 
 /// Bound on unknown pod cgroups considered per pass (a node runs ~110 pods).
@@ -102,6 +112,15 @@ fn read_value(path: &Path) -> Option<u64> {
     t.parse().ok()
 }
 
+/// memory.min / memory.low of `cg` below `root` (0 where unreadable).
+pub fn read_protection(root: &Path, cg: &Path) -> Protection {
+    let dir = root.join(cg);
+    Protection {
+        min: read_value(&dir.join("memory.min")).unwrap_or(0),
+        low: read_value(&dir.join("memory.low")).unwrap_or(0),
+    }
+}
+
 impl Keeper {
     pub fn new(root: PathBuf, cfg: HierarchyConfig, mem_total: u64) -> Self {
         Keeper {
@@ -111,7 +130,73 @@ impl Keeper {
             warned_layouts: HashSet::new(),
             warned_budget: false,
             stats: KeeperStats::default(),
+            kubelet_memory_qos: KubeletMemoryQos::Auto,
+            owners: HashMap::new(),
+            ours: HashMap::new(),
         }
+    }
+
+    /// `[policy] kubelet-memory-qos`: alpha/tiered give the kubelet every
+    /// pod, QoS and kubepods cgroup; none keeps them all ours.
+    pub fn with_kubelet_memory_qos(mut self, setting: KubeletMemoryQos) -> Self {
+        self.kubelet_memory_qos = setting;
+        self
+    }
+
+    /// Ownership decided so far, per cgroup (relative to the root).
+    pub fn owners(&self) -> &HashMap<PathBuf, Owner> {
+        &self.owners
+    }
+
+    /// Decides (or confirms) who owns `cg`. `kubelet_signal`: the runtime's
+    /// view says the kubelet protects it; `tree_check`: whether a foreign
+    /// value on disk counts before we ever wrote there.
+    fn decide_owner(
+        &mut self,
+        cg: &Path,
+        kubelet_signal: bool,
+        current: Protection,
+        targets: &[Protection],
+        tree_check: bool,
+    ) -> Owner {
+        let before = self.owners.get(cg).copied();
+        if before == Some(Owner::Kubelet) {
+            return Owner::Kubelet;
+        }
+        let ours = self.ours.get(cg).copied();
+        let kubelet = match self.kubelet_memory_qos {
+            KubeletMemoryQos::Alpha | KubeletMemoryQos::Tiered => true,
+            KubeletMemoryQos::None => false,
+            KubeletMemoryQos::Auto => {
+                kubelet_signal
+                    || ((tree_check || ours.is_some()) && plan::foreign(current, ours, targets))
+            }
+        };
+        let owner = if kubelet {
+            Owner::Kubelet
+        } else {
+            Owner::NriQos
+        };
+        if before != Some(owner) {
+            info!(
+                cgroup = %cg.display(),
+                owner = owner.label(),
+                memory_min = current.min,
+                memory_low = current.low,
+                "memory protection owner decided{}",
+                if kubelet { ": the kubelet's Memory QoS writes it, nri-qos never will" } else { "" }
+            );
+            self.owners.insert(cg.to_path_buf(), owner);
+        }
+        if owner == Owner::NriQos && ours.is_none() {
+            // What is there now is ours to change; a later change by anyone else is not.
+            self.ours.insert(cg.to_path_buf(), current);
+        }
+        owner
+    }
+
+    fn read_protection(&self, cg: &Path) -> Protection {
+        read_protection(&self.root, cg)
     }
 
     pub fn stats(&self) -> KeeperStats {
@@ -120,11 +205,18 @@ impl Keeper {
 
     /// Pod protection from the registry; unknown layouts are logged once.
     pub fn pods_from_registry(&mut self, reg: &Registry) -> Vec<PodProtection> {
-        let mut per_pod: HashMap<&str, (u64, u64)> = HashMap::new();
+        let mut per_pod: HashMap<&str, (u64, u64, bool)> = HashMap::new();
         for c in reg.containers.values() {
             let e = per_pod.entry(c.pod_id.as_str()).or_default();
             e.0 = e.0.saturating_add(c.memory_min);
             e.1 = e.1.saturating_add(c.memory_low);
+            e.2 |= c.kubelet_memory_qos;
+        }
+        // The plugin decides pods it saw the kubelet protect before any container.
+        for (cg, owner) in &reg.owners {
+            if *owner == Owner::Kubelet {
+                self.owners.insert(cg.clone(), Owner::Kubelet);
+            }
         }
         let mut out = Vec::new();
         for (pod_id, pod) in &reg.pods {
@@ -135,11 +227,12 @@ impl Keeper {
                 }
                 continue;
             };
-            let (min, low) = per_pod.get(pod_id.as_str()).copied().unwrap_or_default();
+            let (min, low, kubelet) = per_pod.get(pod_id.as_str()).copied().unwrap_or_default();
             out.push(PodProtection {
                 cgroups,
                 memory_min: min,
                 memory_low: low,
+                kubelet,
             });
         }
         out
@@ -223,6 +316,7 @@ impl Keeper {
                         cgroups,
                         memory_min,
                         memory_low,
+                        kubelet: false,
                     });
                 }
             }
@@ -248,6 +342,37 @@ impl Keeper {
             );
         }
         let all: Vec<PodProtection> = pods.iter().chain(&unknown).cloned().collect();
+        let first = plan::targets(&all, budget);
+        let unscaled = plan::targets(&all, u64::MAX);
+        // Pod cgroups first: the kubelet owns a pod when a container came
+        // with its Memory QoS, or the cgroup holds protection we did not
+        // write (checked from the start: the kubelet writes a pod's values
+        // before its sandbox exists, and our own value from before a
+        // restart equals what we would write now).
+        let mut kubelet_pods = Vec::new();
+        for p in pods {
+            let cg = &p.cgroups.pod;
+            if !self.root.join(cg).join("memory.min").exists() {
+                continue;
+            }
+            let current = self.read_protection(cg);
+            let targets = [&first, &unscaled].map(|t| t.by_cgroup.get(cg).copied().unwrap_or_default());
+            if self.decide_owner(cg, p.kubelet, current, &targets, true) == Owner::Kubelet {
+                kubelet_pods.push(p.cgroups.clone());
+            }
+        }
+        // Kubelet-owned pods count in their parents with what they carry.
+        let all: Vec<PodProtection> = all
+            .into_iter()
+            .map(|mut p| {
+                if self.owners.get(&p.cgroups.pod) == Some(&Owner::Kubelet) {
+                    let cur = self.read_protection(&p.cgroups.pod);
+                    p.memory_min = cur.min;
+                    p.memory_low = cur.low;
+                }
+                p
+            })
+            .collect();
         let mut t = plan::targets(&all, budget);
         for p in &unknown {
             t.by_cgroup.remove(&p.cgroups.pod);
@@ -261,6 +386,25 @@ impl Keeper {
             }
             exists
         });
+        // QoS and kubepods: the kubelet's as soon as one of its pods is, or
+        // once a value we wrote there changes under us.
+        let parents: Vec<(PathBuf, Protection)> = t
+            .by_cgroup
+            .iter()
+            .filter(|(cg, _)| all.iter().all(|p| &p.cgroups.pod != *cg))
+            .map(|(cg, want)| (cg.clone(), *want))
+            .collect();
+        for (cg, want) in parents {
+            let signal = kubelet_pods
+                .iter()
+                .any(|p| p.kubepods == cg || p.qos.as_ref() == Some(&cg));
+            let current = self.read_protection(&cg);
+            self.decide_owner(&cg, signal, current, &[want], false);
+        }
+        let before = t.by_cgroup.len();
+        t.by_cgroup
+            .retain(|cg, _| self.owners.get(cg) != Some(&Owner::Kubelet));
+        let kubelet_owned = before - t.by_cgroup.len();
         if t.scaled && !self.warned_budget {
             warn!(
                 requested = t.requested,
@@ -274,6 +418,7 @@ impl Keeper {
         let current = self.current(&t.by_cgroup);
         let mut report = PassReport {
             missing,
+            kubelet_owned,
             scaled: t.scaled,
             requested: t.requested,
             budget: t.budget,
@@ -282,6 +427,12 @@ impl Keeper {
         for w in plan::ordered_writes(&t.by_cgroup, &current) {
             match self.write(&w) {
                 Ok(()) => {
+                    let ours = self.ours.entry(w.cgroup.clone()).or_default();
+                    if w.file == "memory.min" {
+                        ours.min = w.value;
+                    } else {
+                        ours.low = w.value;
+                    }
                     debug!(cgroup = %w.cgroup.display(), file = w.file, value = w.value, "protection written");
                     report.written += 1;
                 }
@@ -316,7 +467,13 @@ pub async fn run(
                 let reg = reg.lock().unwrap_or_else(|p| p.into_inner());
                 k.pods_from_registry(&reg)
             };
-            k.reconcile(&pods)
+            let report = k.reconcile(&pods);
+            // The plugin reads the decisions for later containers of these pods.
+            let mut reg = reg.lock().unwrap_or_else(|p| p.into_inner());
+            for (cg, owner) in k.owners() {
+                reg.owners.insert(cg.clone(), *owner);
+            }
+            report
         })
         .await;
         match pass {
@@ -389,6 +546,7 @@ mod tests {
                     request_source: crate::qos::RequestSource::Unknown,
                     memory_min: *min,
                     memory_low: *low,
+                    kubelet_memory_qos: false,
                     oom_score_adj: None,
                     cgroups_path: String::new(),
                 },

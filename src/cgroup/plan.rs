@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use serde::Serialize;
+
 use super::layout::PodCgroups;
 
 /// Protection one pod's containers ask for.
@@ -18,6 +20,40 @@ pub struct PodProtection {
     pub cgroups: PodCgroups,
     pub memory_min: u64,
     pub memory_low: u64,
+    /// A container of the pod arrived with the kubelet's Memory QoS (its
+    /// keys, or a pod cgroup the kubelet had protected before the sandbox).
+    pub kubelet: bool,
+}
+
+/// Who writes a value: decided once per cgroup (and only ever moved from
+/// nri-qos to the kubelet), so two writers never take turns on one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Owner {
+    /// The kubelet's Memory QoS: never written, never drift.
+    Kubelet,
+    /// nri-qos sets it (container adjustment or the hierarchy keeper).
+    NriQos,
+    /// Left to the runtime as the CRI request had it.
+    Runtime,
+}
+
+impl Owner {
+    pub fn label(self) -> &'static str {
+        match self {
+            Owner::Kubelet => "kubelet",
+            Owner::NriQos => "nri-qos",
+            Owner::Runtime => "runtime",
+        }
+    }
+}
+
+/// A value on disk that nri-qos did not put there: non-zero, not what we
+/// last wrote (or accepted) for it, and not what we would write now (scaled
+/// or not; after a restart that is how our own earlier value is told apart
+/// from the kubelet's).
+pub fn foreign(current: Protection, ours: Option<Protection>, targets: &[Protection]) -> bool {
+    current != Protection::default() && Some(current) != ours && !targets.contains(&current)
 }
 
 /// Target memory.min / memory.low for one kubelet-owned cgroup.
@@ -155,6 +191,7 @@ mod tests {
             cgroups: pod_cgroups(parent).unwrap(),
             memory_min: min,
             memory_low: low,
+            kubelet: false,
         }
     }
 
@@ -286,6 +323,7 @@ mod tests {
                             cgroups: pod_cgroups(&parent).unwrap(),
                             memory_min: min,
                             memory_low: low,
+                            kubelet: false,
                         }
                     })
                     .collect()

@@ -19,6 +19,9 @@ use ttrpc::r#async::TtrpcContext;
 use super::convert;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
+use crate::cgroup::layout::pod_cgroups;
+use crate::cgroup::keeper::read_protection;
+use crate::cgroup::plan::{Owner, Protection, PAGE_SIZE};
 use crate::metrics::Metrics;
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
@@ -64,6 +67,9 @@ pub struct PluginSettings {
     pub adjust_existing: bool,
     /// Where `/proc` is, for the oom_score_adj fallback on old runtimes.
     pub proc_root: PathBuf,
+    /// The cgroup v2 mount point: a pod cgroup the kubelet protected before
+    /// the sandbox tells of its Memory QoS where `unified` is hidden.
+    pub cgroup_root: PathBuf,
 }
 
 /// What Configure told us about the runtime.
@@ -97,6 +103,9 @@ pub struct ContainerRecord {
     /// memory.min / memory.low we asked the runtime to set (bytes).
     pub memory_min: u64,
     pub memory_low: u64,
+    /// It came with the kubelet's Memory QoS (its keys, or its pod's cgroup
+    /// was the kubelet's): the pod's protection is the kubelet's.
+    pub kubelet_memory_qos: bool,
     pub oom_score_adj: Option<i64>,
     pub cgroups_path: String,
 }
@@ -107,6 +116,10 @@ pub struct ContainerRecord {
 pub struct Registry {
     pub pods: HashMap<String, PodRecord>,
     pub containers: HashMap<String, ContainerRecord>,
+    /// Who owns each pod/QoS/kubepods cgroup's protection, decided once by
+    /// the plugin (a pod the kubelet protected before its sandbox) or the
+    /// hierarchy keeper; kept across Synchronize.
+    pub owners: HashMap<PathBuf, Owner>,
 }
 
 #[derive(Debug, Clone)]
@@ -272,13 +285,14 @@ impl QosPlugin {
         container: &api::Container,
         resources_override: Option<&api::LinuxResources>,
     ) -> qos::Decision {
-        let pod_facts = convert::pod_from_wire(pod);
+        let mut pod_facts = convert::pod_from_wire(pod);
         let mut facts = convert::container_from_wire(container);
         if let Some(r) = resources_override {
             facts.resources = convert::resources_from_wire(r);
         }
         let started = Instant::now();
         let policy = self.live().policy;
+        pod_facts.kubelet_memory_qos = self.kubelet_owns_pod(&pod.id, &pod_facts, &policy);
         let decision = decide_or_leave_alone(&pod_facts, &facts, &self.settings.node, &policy);
         debug!(
             pod = %format_args!("{}/{}", pod_facts.namespace, pod_facts.name),
@@ -316,6 +330,8 @@ impl QosPlugin {
             request_source: decision.request_source,
             memory_min: bytes("memory.min"),
             memory_low: bytes("memory.low"),
+            kubelet_memory_qos: pod_facts.kubelet_memory_qos
+                || qos::policy::kubelet_memory_qos_keys(&facts.resources),
             oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
             cgroups_path: facts.cgroups_path.clone(),
         };
@@ -331,6 +347,76 @@ impl QosPlugin {
         drop(reg);
         self.notify_changed();
         decision
+    }
+
+    /// Whether the kubelet's Memory QoS protects this pod where the runtime
+    /// hides its keys (auto mode). Decided once per pod cgroup: when the
+    /// plugin first sees the pod, protection already in its cgroup is the
+    /// kubelet's (it writes it before creating the sandbox; we only write a
+    /// pod after we know it); later the keeper's decision stands.
+    fn kubelet_owns_pod(&self, pod_id: &str, pod: &qos::PodFacts, policy: &PolicyConfig) -> bool {
+        if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !self.settings.node.cgroup_v2
+        {
+            return false;
+        }
+        let Some(cg) = pod_cgroups(&pod.cgroup_parent) else {
+            return false;
+        };
+        let mut reg = lock(&self.registry);
+        if let Some(owner) = reg.owners.get(&cg.pod) {
+            return *owner == Owner::Kubelet;
+        }
+        let first_sight = !reg.pods.contains_key(pod_id);
+        if !first_sight {
+            return false;
+        }
+        let Protection { min, low } = read_protection(&self.settings.cgroup_root, &cg.pod);
+        if min == 0 && low == 0 {
+            return false;
+        }
+        info!(
+            cgroup = %cg.pod.display(),
+            memory_min = min,
+            memory_low = low,
+            owner = Owner::Kubelet.label(),
+            "pod cgroup protected before its sandbox: the kubelet's Memory QoS owns its protection; container memory.min/low/high left to it"
+        );
+        reg.owners.insert(cg.pod, Owner::Kubelet);
+        true
+    }
+
+    /// After a restart nothing says what we wrote before: a pod cgroup whose
+    /// protection is not the sum our own policy gives its containers was
+    /// protected by the kubelet (the keeper and `audit` apply the same rule),
+    /// and its containers must not get ours in this Synchronize either.
+    fn recover_pod_owners(&self, buf: &SyncBuffer, pods: &HashMap<&str, &api::PodSandbox>) {
+        let policy = self.live().policy;
+        if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !self.settings.node.cgroup_v2
+        {
+            return;
+        }
+        let sums = own_pod_protection(&buf.containers, pods, &self.settings.node, &policy);
+        let mut reg = lock(&self.registry);
+        for p in &buf.pods {
+            let Some(cg) = pod_cgroups(&p.linux.cgroup_parent) else {
+                continue;
+            };
+            if reg.owners.contains_key(&cg.pod) {
+                continue;
+            }
+            let on_disk = read_protection(&self.settings.cgroup_root, &cg.pod);
+            let ours = sums.get(p.id.as_str()).copied().unwrap_or_default();
+            if on_disk != Protection::default() && on_disk != ours {
+                info!(
+                    cgroup = %cg.pod.display(),
+                    memory_min = on_disk.min,
+                    memory_low = on_disk.low,
+                    owner = Owner::Kubelet.label(),
+                    "pod cgroup holds protection nri-qos would not write: the kubelet's Memory QoS owns it"
+                );
+                reg.owners.insert(cg.pod, Owner::Kubelet);
+            }
+        }
     }
 
     fn forget_container(&self, id: &str) {
@@ -390,10 +476,15 @@ impl QosPlugin {
     fn finish_sync(&self, buf: SyncBuffer) -> Vec<api::ContainerUpdate> {
         {
             let mut reg = lock(&self.registry);
-            *reg = Registry::default();
+            let owners = std::mem::take(&mut reg.owners);
+            *reg = Registry {
+                owners,
+                ..Registry::default()
+            };
         }
         let pods: HashMap<&str, &api::PodSandbox> =
             buf.pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        self.recover_pod_owners(&buf, &pods);
         let mut updates = Vec::new();
         for c in &buf.containers {
             let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
@@ -465,6 +556,34 @@ fn decide_or_leave_alone(
             notes: Vec::new(),
         }
     })
+}
+
+/// Per pod id, the protection nri-qos itself would give the pod cgroup: the
+/// sum of its containers' memory.min/low under our policy, in whole pages.
+pub fn own_pod_protection(
+    containers: &[api::Container],
+    pods: &HashMap<&str, &api::PodSandbox>,
+    node: &NodeFacts,
+    policy: &PolicyConfig,
+) -> HashMap<String, Protection> {
+    let mut sums: HashMap<String, Protection> = HashMap::new();
+    for c in containers {
+        let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
+            continue;
+        };
+        let facts = convert::container_from_wire(c);
+        let d = decide_or_leave_alone(&convert::pod_from_wire(pod), &facts, node, policy);
+        let eff = qos::policy::effective(&facts.resources, &d.adjustment);
+        let bytes = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let e = sums.entry(c.pod_sandbox_id.clone()).or_default();
+        e.min = e.min.saturating_add(bytes("memory.min"));
+        e.low = e.low.saturating_add(bytes("memory.low"));
+    }
+    for p in sums.values_mut() {
+        p.min -= p.min % PAGE_SIZE;
+        p.low -= p.low % PAGE_SIZE;
+    }
+    sums
 }
 
 /// `base` with the drop-in's `[policy]` keys and `plugin.dry-run` on top.
@@ -679,6 +798,8 @@ impl Plugin for QosPlugin {
             Ok(api::Event::REMOVE_CONTAINER) => self.forget_container(&req.container.id),
             Ok(api::Event::REMOVE_POD_SANDBOX) => self.forget_pod(&req.pod.id),
             Ok(api::Event::RUN_POD_SANDBOX) => {
+                let facts = convert::pod_from_wire(&req.pod);
+                self.kubelet_owns_pod(&req.pod.id, &facts, &self.live().policy);
                 let mut reg = lock(&self.registry);
                 reg.pods.insert(
                     req.pod.id.clone(),
