@@ -22,8 +22,8 @@ use tracing::{debug, info, warn};
 use super::layout::{pod_cgroups, PodCgroups};
 use super::plan::{self, Owner, PodProtection, Protection, Write};
 use crate::nri::plugin::Registry;
-use crate::qos::KubeletMemoryQos;
 use crate::pressure::stat::read_populated;
+use crate::qos::KubeletMemoryQos;
 
 /// `[hierarchy]` in `config/nri-qos.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -356,7 +356,8 @@ impl Keeper {
                 continue;
             }
             let current = self.read_protection(cg);
-            let targets = [&first, &unscaled].map(|t| t.by_cgroup.get(cg).copied().unwrap_or_default());
+            let targets =
+                [&first, &unscaled].map(|t| t.by_cgroup.get(cg).copied().unwrap_or_default());
             if self.decide_owner(cg, p.kubelet, current, &targets, true) == Owner::Kubelet {
                 kubelet_pods.push(p.cgroups.clone());
             }
@@ -507,6 +508,7 @@ mod tests {
     use super::*;
     use crate::nri::plugin::{ContainerRecord, PodRecord};
     use crate::qos::{PodFacts, QosClass};
+    use std::collections::BTreeMap;
 
     fn tree(root: &Path, dirs: &[&str]) {
         for d in dirs {
@@ -721,6 +723,175 @@ mod tests {
         assert_eq!(r.failed, 0);
         assert_eq!(read(root, "kubepods/poda", "memory.low"), 40960);
         assert_eq!(k.stats().failed_writes, 1);
+    }
+
+    /// A tiny deterministic generator: the test replays the same 10,000 steps.
+    struct XorShift(u64);
+    impl XorShift {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n.max(1)
+        }
+    }
+
+    #[test]
+    fn a_kubelet_writing_at_random_times_is_never_overwritten_and_other_pods_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(
+            root,
+            &["kubepods", "kubepods/burstable", "kubepods/besteffort"],
+        );
+        // Room for every pod: the budget never scales (another test covers that).
+        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 1 << 40);
+        let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+        let mut reg = Registry::default();
+        // Kubelet pods: cgroup -> (guaranteed, request). Its files and the
+        // values it last wrote there (or found when it took them over).
+        let mut kubelet_pods: BTreeMap<String, (bool, u64)> = BTreeMap::new();
+        let mut kubelet_files: BTreeMap<PathBuf, u64> = BTreeMap::new();
+        let mut kubelet_started = false;
+        let (mut next, mut passes, mut checked_kept) = (0u64, 0u64, 0u64);
+        let file = |cg: &str, f: &str| root.join(cg).join(f);
+        for step in 0..10_000 {
+            // About 20 pods at a time, like a busy node's churn.
+            let mut action = rng.below(11);
+            if action <= 2 && reg.pods.len() >= 24 {
+                action = 3;
+            }
+            match action {
+                // The kubelet creates a protected pod: cgroup and value before the sandbox.
+                0 | 1 => {
+                    next += 1;
+                    let guaranteed = rng.below(3) == 0;
+                    let req = (1 + rng.below(512)) << 20;
+                    let (parent, f) = if guaranteed {
+                        (format!("/kubepods/podk{next}"), "memory.min")
+                    } else {
+                        (format!("/kubepods/burstable/podk{next}"), "memory.low")
+                    };
+                    let cg = parent.trim_start_matches('/').to_string();
+                    tree(root, &[&cg]);
+                    std::fs::write(file(&cg, f), req.to_string()).unwrap();
+                    std::fs::write(file(&cg, "cgroup.events"), "populated 1\n").unwrap();
+                    kubelet_files.insert(file(&cg, "memory.min"), if guaranteed { req } else { 0 });
+                    kubelet_files.insert(file(&cg, "memory.low"), if guaranteed { 0 } else { req });
+                    if !kubelet_started {
+                        kubelet_started = true;
+                        for qos in ["kubepods", "kubepods/burstable"] {
+                            for f in ["memory.min", "memory.low"] {
+                                let v = read(root, qos, f);
+                                kubelet_files.insert(file(qos, f), v);
+                            }
+                        }
+                    }
+                    kubelet_pods.insert(cg, (guaranteed, req));
+                    // Half the runtimes show the kubelet's keys (containerd
+                    // 2.2+); the others hide them and the policy stays off.
+                    let visible = rng.below(2) == 0;
+                    let mut one = registry(&[(&format!("k{next}"), &parent, 0, 0)]);
+                    for c in one.containers.values_mut() {
+                        c.id = format!("k{next}");
+                        c.kubelet_memory_qos = visible;
+                        if visible {
+                            (c.memory_min, c.memory_low) =
+                                if guaranteed { (req, 0) } else { (0, req) };
+                        }
+                    }
+                    reg.pods.extend(one.pods);
+                    reg.containers
+                        .extend(one.containers.into_values().map(|c| (c.id.clone(), c)));
+                }
+                // A pod the kubelet does not protect: nri-qos's alone.
+                2 => {
+                    next += 1;
+                    let parent = format!("/kubepods/burstable/podu{next}");
+                    tree(root, &[parent.trim_start_matches('/')]);
+                    let low = (1 + rng.below(256)) << 20;
+                    let one = registry(&[(&format!("u{next}"), &parent, 0, low)]);
+                    reg.pods.extend(one.pods);
+                    for (_, mut c) in one.containers {
+                        c.id = format!("u{next}");
+                        reg.containers.insert(c.id.clone(), c);
+                    }
+                }
+                // A pod goes away (the kubelet removes its cgroup).
+                3 | 4 => {
+                    let ids: Vec<String> = reg.pods.keys().cloned().collect();
+                    if let Some(id) = ids.get(rng.below(ids.len() as u64) as usize) {
+                        let cg = pod_cgroups(&reg.pods[id].facts.cgroup_parent).unwrap().pod;
+                        reg.pods.remove(id);
+                        reg.containers.retain(|_, c| &c.pod_id != id);
+                        std::fs::remove_dir_all(root.join(&cg)).unwrap();
+                        let cg = cg.to_str().unwrap().to_string();
+                        kubelet_pods.remove(&cg);
+                        kubelet_files.retain(|f, _| !f.starts_with(root.join(&cg)));
+                    }
+                }
+                // The kubelet's QoS reconcile writes its own sums.
+                5 if kubelet_started => {
+                    let g: u64 = kubelet_pods
+                        .values()
+                        .filter(|(g, _)| *g)
+                        .map(|(_, r)| r)
+                        .sum();
+                    let b: u64 = kubelet_pods
+                        .values()
+                        .filter(|(g, _)| !*g)
+                        .map(|(_, r)| r)
+                        .sum();
+                    for (f, v) in [
+                        (file("kubepods", "memory.min"), g + b),
+                        (file("kubepods/burstable", "memory.low"), b),
+                    ] {
+                        std::fs::write(&f, v.to_string()).unwrap();
+                        kubelet_files.insert(f, v);
+                    }
+                }
+                // A keeper pass (an event or the resync tick).
+                _ => {
+                    let pods = k.pods_from_registry(&reg);
+                    let r = k.reconcile(&pods);
+                    assert_eq!(r.failed, 0, "step {step}");
+                    passes += 1;
+                    for (f, want) in &kubelet_files {
+                        let have = read_value(f).unwrap();
+                        assert_eq!(
+                            have,
+                            *want,
+                            "step {step}: nri-qos wrote the kubelet's {}",
+                            f.display()
+                        );
+                    }
+                    // Pods the kubelet does not protect carry their containers' sum.
+                    for (id, p) in &reg.pods {
+                        if !id.starts_with('u') {
+                            continue;
+                        }
+                        let cg = pod_cgroups(&p.facts.cgroup_parent).unwrap().pod;
+                        let want: u64 = reg
+                            .containers
+                            .values()
+                            .filter(|c| &c.pod_id == id)
+                            .map(|c| c.memory_low)
+                            .sum();
+                        assert_eq!(
+                            read(root, cg.to_str().unwrap(), "memory.low"),
+                            want,
+                            "step {step}: {id}"
+                        );
+                        checked_kept += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            passes > 2500 && checked_kept > 1000,
+            "{passes} passes, {checked_kept} kept pods checked"
+        );
+        assert!(k.owners().values().any(|o| *o == Owner::Kubelet));
     }
 
     #[test]

@@ -19,8 +19,8 @@ use ttrpc::r#async::TtrpcContext;
 use super::convert;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
-use crate::cgroup::layout::pod_cgroups;
 use crate::cgroup::keeper::read_protection;
+use crate::cgroup::layout::pod_cgroups;
 use crate::cgroup::plan::{Owner, Protection, PAGE_SIZE};
 use crate::metrics::Metrics;
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
@@ -574,7 +574,12 @@ pub fn own_pod_protection(
         let facts = convert::container_from_wire(c);
         let d = decide_or_leave_alone(&convert::pod_from_wire(pod), &facts, node, policy);
         let eff = qos::policy::effective(&facts.resources, &d.adjustment);
-        let bytes = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let bytes = |k: &str| {
+            eff.unified
+                .get(k)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
         let e = sums.entry(c.pod_sandbox_id.clone()).or_default();
         e.min = e.min.saturating_add(bytes("memory.min"));
         e.low = e.low.saturating_add(bytes("memory.low"));
