@@ -403,6 +403,7 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
                 plugin.registry(),
                 plugin.subscribe_changes(),
                 std::time::Duration::from_secs(cfg.hierarchy.resync_seconds.max(1)),
+                Some(plugin.metrics()),
             ));
         }
         if !node.cgroup_v2 {

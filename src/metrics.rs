@@ -111,7 +111,13 @@ pub struct Metrics {
     hook_sum_nanos: AtomicU64,
     hook_count: AtomicU64,
     runtime_connected: AtomicBool,
+    /// Pod, QoS and kubepods cgroups whose protection each owner writes,
+    /// in [`PROTECTION_OWNERS`] order.
+    protection_owners: Box<[AtomicU64]>,
 }
+
+/// `owner` label values of `nri_qos_protection_cgroups`.
+pub const PROTECTION_OWNERS: &[&str] = &["kubelet", "nri-qos"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -138,6 +144,7 @@ impl Metrics {
             hook_sum_nanos: AtomicU64::new(0),
             hook_count: AtomicU64::new(0),
             runtime_connected: AtomicBool::new(false),
+            protection_owners: counters(PROTECTION_OWNERS.len()),
         }
     }
 
@@ -178,6 +185,13 @@ impl Metrics {
     /// Whether we currently have a registered session with the runtime.
     pub fn set_runtime_connected(&self, connected: bool) {
         self.runtime_connected.store(connected, Ordering::Relaxed);
+    }
+
+    /// How many pod, QoS and kubepods cgroups the kubelet's Memory QoS and
+    /// nri-qos each own (the hierarchy keeper's decisions).
+    pub fn set_protection_owners(&self, kubelet: u64, nri_qos: u64) {
+        self.protection_owners[0].store(kubelet, Ordering::Relaxed);
+        self.protection_owners[1].store(nri_qos, Ordering::Relaxed);
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
@@ -275,6 +289,17 @@ impl Metrics {
             "nri_qos_runtime_connected {}",
             u8::from(self.runtime_connected.load(Ordering::Relaxed))
         );
+
+        header(
+            o,
+            "nri_qos_protection_cgroups",
+            "gauge",
+            "Pod, QoS and kubepods cgroups whose memory.min/low each owner writes (the kubelet's Memory QoS or nri-qos).",
+        );
+        for (i, owner) in PROTECTION_OWNERS.iter().enumerate() {
+            let v = self.protection_owners[i].load(Ordering::Relaxed);
+            let _ = writeln!(o, "nri_qos_protection_cgroups{{owner=\"{owner}\"}} {v}");
+        }
         out
     }
 }
@@ -545,6 +570,10 @@ mod tests {
         assert!(text.contains("nri_qos_pressure{resource=\"memory\",kind=\"some_avg10\"} 12.5"));
         assert!(text.contains("nri_qos_pressure{resource=\"memory\",kind=\"full_avg10\"} NaN"));
         assert!(text.contains("nri_qos_runtime_connected 1"));
+        m.set_protection_owners(3, 5);
+        let text = m.render();
+        assert!(text.contains("nri_qos_protection_cgroups{owner=\"kubelet\"} 3"));
+        assert!(text.contains("nri_qos_protection_cgroups{owner=\"nri-qos\"} 5"));
     }
 
     #[test]

@@ -334,6 +334,10 @@ impl Keeper {
             self.cfg.reserve_bytes,
             self.cfg.budget_share,
         );
+        // Decisions about cgroups that are gone go with them.
+        let root = self.root.clone();
+        self.owners.retain(|cg, _| root.join(cg).exists());
+        self.ours.retain(|cg, _| root.join(cg).exists());
         let unknown = self.unknown_pods(pods);
         if !unknown.is_empty() {
             debug!(
@@ -457,11 +461,13 @@ pub async fn run(
     registry: Arc<Mutex<Registry>>,
     mut changes: tokio::sync::watch::Receiver<u64>,
     resync: Duration,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 ) {
     let keeper = Arc::new(Mutex::new(keeper));
     loop {
         let reg = registry.clone();
         let k = keeper.clone();
+        let metrics = metrics.clone();
         let pass = tokio::task::spawn_blocking(move || {
             let mut k = k.lock().unwrap_or_else(|p| p.into_inner());
             let pods = {
@@ -469,8 +475,18 @@ pub async fn run(
                 k.pods_from_registry(&reg)
             };
             let report = k.reconcile(&pods);
+            if let Some(m) = &metrics {
+                let kubelet = k
+                    .owners()
+                    .values()
+                    .filter(|o| **o == Owner::Kubelet)
+                    .count();
+                m.set_protection_owners(kubelet as u64, (k.owners().len() - kubelet) as u64);
+            }
             // The plugin reads the decisions for later containers of these pods.
             let mut reg = reg.lock().unwrap_or_else(|p| p.into_inner());
+            reg.owners
+                .retain(|cg, _| k.owners.contains_key(cg) || k.root.join(cg).exists());
             for (cg, owner) in k.owners() {
                 reg.owners.insert(cg.clone(), *owner);
             }
