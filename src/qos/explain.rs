@@ -82,9 +82,11 @@ impl KubeletMemoryQosSim {
             .ok_or_else(|| format!("kubelet version must look like 1.37, not {version:?}"))?;
         let mode = mode.unwrap_or_default();
         match mode {
-            KubeletMode::Alpha if !(27..=35).contains(&minor) => return Err(format!(
+            KubeletMode::Alpha if !(27..=35).contains(&minor) => {
+                return Err(format!(
                 "the alpha Memory QoS (memory.min everywhere) is kubelet 1.27-1.35, not 1.{minor}"
-            )),
+            ))
+            }
             KubeletMode::Tiered if minor < 36 => {
                 return Err(format!(
                     "TieredReservation needs kubelet 1.36 or later, not 1.{minor}"
@@ -599,6 +601,38 @@ pub fn explain_with(
     })
 }
 
+/// The README's big-nodes table: how well a Burstable request can be
+/// recovered from oom_score_adj on nodes of `GiB` sizes (the kubelet's
+/// formula truncates 1000·request/MemTotal to an integer).
+pub fn inversion_table(gibs: &[u64]) -> String {
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+    let mut out = String::from(
+        "| node memory | resolution (MemTotal/1000) | smallest recoverable request | memory.low at most this far below the request |\n|---|---|---|---|\n",
+    );
+    for &g in gibs {
+        let c = g << 30;
+        // adj 999 also covers every request below MemTotal/1000: 998 is the
+        // first value that says anything; 3 is open-ended above.
+        let smallest = (4..=998)
+            .filter_map(|adj| f::memory_request_range_from_oom_score_adj(adj, c))
+            .map(|r| r.start)
+            .min()
+            .unwrap_or(0);
+        let worst = (4..=998)
+            .filter_map(|adj| f::memory_request_range_from_oom_score_adj(adj, c))
+            .map(|r| (r.end - 1) - f::page_align_down(r.start, 4096))
+            .max()
+            .unwrap_or(0);
+        out.push_str(&format!(
+            "| {g} GiB | {} | {} | {} |\n",
+            mib(c / 1000),
+            mib(smallest),
+            mib(worst)
+        ));
+    }
+    out
+}
+
 fn human(v: &Value) -> String {
     match v.as_u64() {
         Some(b) => human_bytes(b),
@@ -820,6 +854,18 @@ mod tests {
         assert_eq!(c.oom_score_adj, 1000);
         assert_eq!(c.memory_high, json!(14_495_514_624u64));
         assert_eq!(c.cpu_weight, 1);
+    }
+
+    #[test]
+    fn readme_big_nodes_table_is_computed() {
+        let table = inversion_table(&[16, 64, 128, 256, 512]);
+        let readme = include_str!("../../README.md");
+        assert!(
+            readme.contains(&table),
+            "README.md must carry this table (section \"With the kubelet's Memory QoS\"):\n{table}"
+        );
+        // §5: 16 GiB → ~17 MB resolution.
+        assert!(table.contains("| 16 GiB | 16.4 MiB |"), "{table}");
     }
 
     const ROW4: &str = "metadata: {name: b}\nspec:\n  containers:\n  - name: app\n    resources:\n      requests: {cpu: 100m, memory: 128Mi}\n      limits: {cpu: 500m, memory: 512Mi}\n";
