@@ -20,7 +20,7 @@ use ttrpc::r#async::TtrpcContext;
 
 use crate::cgroup::keeper::read_protection;
 use crate::cgroup::layout::pod_cgroups;
-use crate::cgroup::plan::{self, Owner, PodProtection, Protection};
+use crate::cgroup::plan::{self, Owner, PodProtection};
 use crate::cgroup::HierarchyConfig;
 use crate::nri::convert;
 use crate::nri::proto::{api, api_ttrpc};
@@ -244,7 +244,7 @@ pub fn audit(
         snap.pods.iter().map(|p| (p.id.as_str(), p)).collect();
     // Which pods the kubelet's Memory QoS protects, by the plugin's rules:
     // its keys on a container, the operator's setting, or a pod cgroup
-    // holding protection other than what our policy would give it.
+    // holding more protection than our policy would give it.
     let auto = policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto;
     let ours = crate::nri::plugin::own_pod_protection(&snap.containers, &pods, node, policy);
     let mut kubelet_pods: HashMap<&str, bool> = HashMap::new();
@@ -253,7 +253,7 @@ pub fn audit(
             .map(|cg| read_protection(cgroup_root, &cg.pod))
             .unwrap_or_default();
         let mine = ours.get(p.id.as_str()).copied().unwrap_or_default();
-        let tree = auto && node.cgroup_v2 && on_disk != Protection::default() && on_disk != mine;
+        let tree = auto && node.cgroup_v2 && plan::exceeds(on_disk, mine);
         kubelet_pods.insert(p.id.as_str(), tree);
     }
     for c in &snap.containers {

@@ -75,9 +75,12 @@ fn e2e_containerd_1_7() {
     run_e2e("1.7", "external", ALL_SCENARIOS);
 }
 
+/// 2.1 also plays a 1.37 kubelet with TieredReservation for 60 s
+/// (`kubeletqos`, about 100 s of VM time); last, since the kubelet then owns
+/// the QoS and kubepods protection until the plugin restarts.
 #[test]
 fn e2e_containerd_2_1() {
-    run_e2e("2.1", "prelaunched", ALL_SCENARIOS);
+    run_e2e("2.1", "prelaunched", &format!("{ALL_SCENARIOS},kubeletqos"));
 }
 
 /// NRI v0.6.1 never synchronizes a pre-launched plugin: one scenario, then

@@ -149,8 +149,8 @@ impl Keeper {
     }
 
     /// Decides (or confirms) who owns `cg`. `kubelet_signal`: the runtime's
-    /// view says the kubelet protects it; `tree_check`: whether a foreign
-    /// value on disk counts before we ever wrote there.
+    /// view says the kubelet protects it; `tree_check`: whether a value on
+    /// disk above anything we would write counts before we ever wrote there.
     fn decide_owner(
         &mut self,
         cg: &Path,
@@ -169,7 +169,21 @@ impl Keeper {
             KubeletMemoryQos::None => false,
             KubeletMemoryQos::Auto => {
                 kubelet_signal
-                    || ((tree_check || ours.is_some()) && plan::foreign(current, ours, targets))
+                    || match ours {
+                        Some(_) => plan::foreign(current, ours, targets),
+                        None => {
+                            tree_check
+                                && plan::exceeds(
+                                    current,
+                                    targets.iter().copied().fold(Protection::default(), |a, t| {
+                                        Protection {
+                                            min: a.min.max(t.min),
+                                            low: a.low.max(t.low),
+                                        }
+                                    }),
+                                )
+                        }
+                    }
             }
         };
         let owner = if kubelet {
@@ -352,7 +366,7 @@ impl Keeper {
         // with its Memory QoS, or the cgroup holds protection we did not
         // write (checked from the start: the kubelet writes a pod's values
         // before its sandbox exists, and our own value from before a
-        // restart equals what we would write now).
+        // restart is never above what we would write now).
         let mut kubelet_pods = Vec::new();
         for p in pods {
             let cg = &p.cgroups.pod;
@@ -908,6 +922,50 @@ mod tests {
             "{passes} passes, {checked_kept} kept pods checked"
         );
         assert!(k.owners().values().any(|o| *o == Owner::Kubelet));
+    }
+
+    #[test]
+    fn a_restart_under_a_changed_budget_scale_keeps_our_own_pods() {
+        // Our scaled values from before a restart are below what we would
+        // write now; they must not look like the kubelet's.
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(
+            root,
+            &[
+                "kubepods",
+                "kubepods/burstable",
+                "kubepods/poda",
+                "kubepods/burstable/podb",
+            ],
+        );
+        let cfg = HierarchyConfig {
+            budget_share: 0.5,
+            reserve_bytes: 0,
+            ..Default::default()
+        };
+        let mut reg = registry(&[("a", "/kubepods/poda", 3 << 30, 0)]);
+        let mut k = Keeper::new(root.to_path_buf(), cfg.clone(), 4 << 30);
+        let pods = k.pods_from_registry(&reg);
+        assert!(k.reconcile(&pods).scaled);
+        // Restart; meanwhile another pod came, so the scale differs.
+        let more = registry(&[("b", "/kubepods/burstable/podb", 0, 1 << 30)]);
+        reg.pods.extend(more.pods);
+        reg.containers
+            .extend(more.containers.into_values().map(|mut c| {
+                c.id = "cb".into();
+                (c.id.clone(), c)
+            }));
+        let mut k2 = Keeper::new(root.to_path_buf(), cfg, 4 << 30);
+        let pods = k2.pods_from_registry(&reg);
+        let r = k2.reconcile(&pods);
+        assert_eq!(r.kubelet_owned, 0, "{:?}", k2.owners());
+        assert!(k2.owners().values().all(|o| *o == Owner::NriQos));
+        assert_eq!(
+            read(root, "kubepods/poda", "memory.min")
+                + read(root, "kubepods/burstable/podb", "memory.low"),
+            2 << 30
+        );
     }
 
     #[test]

@@ -48,12 +48,19 @@ impl Owner {
     }
 }
 
-/// A value on disk that nri-qos did not put there: non-zero, not what we
-/// last wrote (or accepted) for it, and not what we would write now (scaled
-/// or not; after a restart that is how our own earlier value is told apart
-/// from the kubelet's).
+/// A value that changed under us: not what we last wrote (or found and took
+/// as ours) and not what we would write now.
 pub fn foreign(current: Protection, ours: Option<Protection>, targets: &[Protection]) -> bool {
     current != Protection::default() && Some(current) != ours && !targets.contains(&current)
+}
+
+/// With no record of what we wrote (a restart, `audit`): more protection
+/// than our own policy gives the cgroup before any budget scaling is
+/// someone else's. Our earlier values never exceed it (scaling only lowers
+/// them), while the kubelet's exact requests exceed our estimates and its
+/// alpha memory.min sits where we would write memory.low.
+pub fn exceeds(current: Protection, ours_unscaled: Protection) -> bool {
+    current.min > ours_unscaled.min || current.low > ours_unscaled.low
 }
 
 /// Target memory.min / memory.low for one kubelet-owned cgroup.

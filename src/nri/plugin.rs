@@ -385,8 +385,8 @@ impl QosPlugin {
         true
     }
 
-    /// After a restart nothing says what we wrote before: a pod cgroup whose
-    /// protection is not the sum our own policy gives its containers was
+    /// After a restart nothing says what we wrote before: a pod cgroup with
+    /// more protection than our own policy gives its containers was
     /// protected by the kubelet (the keeper and `audit` apply the same rule),
     /// and its containers must not get ours in this Synchronize either.
     fn recover_pod_owners(&self, buf: &SyncBuffer, pods: &HashMap<&str, &api::PodSandbox>) {
@@ -406,13 +406,13 @@ impl QosPlugin {
             }
             let on_disk = read_protection(&self.settings.cgroup_root, &cg.pod);
             let ours = sums.get(p.id.as_str()).copied().unwrap_or_default();
-            if on_disk != Protection::default() && on_disk != ours {
+            if crate::cgroup::plan::exceeds(on_disk, ours) {
                 info!(
                     cgroup = %cg.pod.display(),
                     memory_min = on_disk.min,
                     memory_low = on_disk.low,
                     owner = Owner::Kubelet.label(),
-                    "pod cgroup holds protection nri-qos would not write: the kubelet's Memory QoS owns it"
+                    "pod cgroup holds more protection than nri-qos would write: the kubelet's Memory QoS owns it"
                 );
                 reg.owners.insert(cg.pod, Owner::Kubelet);
             }
