@@ -418,8 +418,7 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
                 cfg.node.cgroup_root.clone(),
                 cfg.hierarchy.clone(),
                 node.memory_capacity,
-            )
-            .with_kubelet_memory_qos(cfg.policy.kubelet_memory_qos);
+            );
             tokio::spawn(nri_qos::cgroup::keeper::run(
                 keeper,
                 plugin.registry(),

@@ -136,13 +136,6 @@ impl Keeper {
         }
     }
 
-    /// `[policy] kubelet-memory-qos`: alpha/tiered give the kubelet every
-    /// pod, QoS and kubepods cgroup; none keeps them all ours.
-    pub fn with_kubelet_memory_qos(mut self, setting: KubeletMemoryQos) -> Self {
-        self.kubelet_memory_qos = setting;
-        self
-    }
-
     /// Ownership decided so far, per cgroup (relative to the root).
     pub fn owners(&self) -> &HashMap<PathBuf, Owner> {
         &self.owners
@@ -226,6 +219,9 @@ impl Keeper {
             e.1 = e.1.saturating_add(c.memory_low);
             e.2 |= c.kubelet_memory_qos;
         }
+        // `[policy] kubelet-memory-qos` as in force: alpha/tiered give the
+        // kubelet every pod, QoS and kubepods cgroup; none keeps them ours.
+        self.kubelet_memory_qos = reg.kubelet_memory_qos;
         // The plugin decides pods it saw the kubelet protect before any container.
         for (cg, owner) in &reg.owners {
             if *owner == Owner::Kubelet {
@@ -966,6 +962,27 @@ mod tests {
                 + read(root, "kubepods/burstable/podb", "memory.low"),
             2 << 30
         );
+    }
+
+    #[test]
+    fn the_operators_setting_decides_without_detection() {
+        for (setting, written) in [
+            (KubeletMemoryQos::Tiered, 0),
+            (KubeletMemoryQos::Alpha, 0),
+            (KubeletMemoryQos::None, 3),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path();
+            tree(
+                root,
+                &["kubepods", "kubepods/burstable", "kubepods/burstable/poda"],
+            );
+            let mut reg = registry(&[("a", "/kubepods/burstable/poda", 0, 40960)]);
+            reg.kubelet_memory_qos = setting;
+            let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+            let pods = k.pods_from_registry(&reg);
+            assert_eq!(k.reconcile(&pods).written, written, "{setting:?}");
+        }
     }
 
     #[test]

@@ -112,7 +112,7 @@ pub struct ContainerRecord {
 
 /// The runtime's view of pods and containers, rebuilt on every Synchronize.
 /// The hierarchy keeper and the pressure monitor read it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Registry {
     pub pods: HashMap<String, PodRecord>,
     pub containers: HashMap<String, ContainerRecord>,
@@ -120,6 +120,20 @@ pub struct Registry {
     /// the plugin (a pod the kubelet protected before its sandbox) or the
     /// hierarchy keeper; kept across Synchronize.
     pub owners: HashMap<PathBuf, Owner>,
+    /// `[policy] kubelet-memory-qos` as in force (the runtime's drop-in may
+    /// set it after start), for the keeper.
+    pub kubelet_memory_qos: qos::KubeletMemoryQos,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            pods: HashMap::new(),
+            containers: HashMap::new(),
+            owners: HashMap::new(),
+            kubelet_memory_qos: qos::KubeletMemoryQos::Auto,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -168,6 +182,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl QosPlugin {
     pub fn new(settings: PluginSettings) -> Self {
+        let kubelet_memory_qos = settings.policy.kubelet_memory_qos;
         QosPlugin {
             live: RwLock::new(LiveSettings {
                 policy: Arc::new(settings.policy.clone()),
@@ -176,7 +191,10 @@ impl QosPlugin {
             settings,
             runtime: Mutex::new(None),
             sync: Mutex::new(SyncBuffer::default()),
-            registry: Arc::new(Mutex::new(Registry::default())),
+            registry: Arc::new(Mutex::new(Registry {
+                kubelet_memory_qos,
+                ..Registry::default()
+            })),
             counters: Mutex::new(Counters::default()),
             configured: watch::channel(false).0,
             changed: watch::channel(0).0,
@@ -253,6 +271,7 @@ impl QosPlugin {
         let base = self.settings.policy.clone();
         match layer_drop_in(&base, self.settings.dry_run, text) {
             Ok((policy, dry_run)) => {
+                lock(&self.registry).kubelet_memory_qos = policy.kubelet_memory_qos;
                 let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
                 live.policy = Arc::new(policy);
                 live.dry_run = dry_run;
@@ -479,6 +498,7 @@ impl QosPlugin {
             let owners = std::mem::take(&mut reg.owners);
             *reg = Registry {
                 owners,
+                kubelet_memory_qos: reg.kubelet_memory_qos,
                 ..Registry::default()
             };
         }
