@@ -366,12 +366,7 @@ pub fn decide(
             .map(|r| f::page_align_down(limit.map_or(r, |l| r.min(l)), page))
             .filter(|r| *r > 0);
         let (kubelet_protects, kubelet_high_hidden) = kubelet_protection(pod, cur, cfg);
-        if kubelet_protects && protected.is_some() {
-            notes.push(
-                "the kubelet's Memory QoS protects this container: memory.min/low left to it"
-                    .into(),
-            );
-        }
+        // Said once per pod cgroup where ownership is decided, not per container.
         if let Some(r) = protected.filter(|_| !kubelet_protects) {
             let key = match (cfg.memory_reservation, class) {
                 (Reservation::None, _) | (_, QosClass::BestEffort) => None,
