@@ -342,6 +342,8 @@ fn new_plugin(proc_root: &std::path::Path) -> Arc<QosPlugin> {
         dry_run: false,
         adjust_existing: true,
         proc_root: proc_root.to_path_buf(),
+        // Read only (pod cgroups' protection); an empty temp dir here too.
+        cgroup_root: proc_root.to_path_buf(),
     }))
 }
 

@@ -13,7 +13,9 @@ use crate::qos::RequestSource;
 
 fn monitor_source(s: RequestSource) -> MonitorSource {
     match s {
-        RequestSource::UnifiedMemoryMin => MonitorSource::UnifiedMemoryQos,
+        RequestSource::UnifiedMemoryMin | RequestSource::UnifiedMemoryLow => {
+            MonitorSource::UnifiedMemoryQos
+        }
         RequestSource::Annotation => MonitorSource::PodSpec,
         RequestSource::ApiServer => MonitorSource::ApiServer,
         RequestSource::GuaranteedLimit => MonitorSource::CgroupPodMax,
@@ -121,6 +123,7 @@ mod tests {
                         memory_low: *r,
                         oom_score_adj: None,
                         cgroups_path: String::new(),
+                        kubelet_memory_qos: false,
                     },
                 );
             }
