@@ -22,6 +22,7 @@ use crate::cgroup::keeper::read_protection;
 use crate::cgroup::layout::pod_cgroups;
 use crate::cgroup::plan::{self, Owner, PodProtection};
 use crate::cgroup::HierarchyConfig;
+pub use crate::node::{container_cgroup_dir, systemd_slice_path};
 use crate::nri::convert;
 use crate::nri::proto::{api, api_ttrpc};
 use crate::nri::session::{self, Identity, SessionError};
@@ -175,34 +176,6 @@ fn read_trimmed(path: &Path) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// The container's cgroup directory from the runtime's cgroups path:
-/// `/parent/id` (cgroupfs) or `slice:prefix:id` (systemd).
-pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
-    let parts: Vec<&str> = cgroups_path.split(':').collect();
-    match parts.as_slice() {
-        [path] if !path.is_empty() => Some(PathBuf::from(path.trim_start_matches('/'))),
-        [slice, prefix, id] if slice.ends_with(".slice") && !id.is_empty() => {
-            Some(systemd_slice_path(slice).join(format!("{prefix}-{id}.scope")))
-        }
-        _ => None,
-    }
-}
-
-/// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
-pub fn systemd_slice_path(slice: &str) -> PathBuf {
-    let name = slice.strip_suffix(".slice").unwrap_or(slice);
-    let mut path = PathBuf::new();
-    let mut prefix = String::new();
-    for part in name.split('-') {
-        if !prefix.is_empty() {
-            prefix.push('-');
-        }
-        prefix.push_str(part);
-        path.push(format!("{prefix}.slice"));
-    }
-    path
-}
-
 fn check(key: &str, expected: String, actual: Option<String>) -> Check {
     let actual = actual.unwrap_or_else(|| "(unreadable)".into());
     Check {
@@ -282,8 +255,8 @@ pub fn audit(
         let eff = qos::policy::effective(&facts.resources, &d.adjustment);
         let bytes = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok());
         let e = protection.entry(c.pod_sandbox_id.as_str()).or_default();
-        e.0 += bytes("memory.min").unwrap_or(0);
-        e.1 += bytes("memory.low").unwrap_or(0);
+        e.0 = e.0.saturating_add(bytes("memory.min").unwrap_or(0));
+        e.1 = e.1.saturating_add(bytes("memory.low").unwrap_or(0));
 
         let name = format!("{}/{}/{}", pod_facts.namespace, pod_facts.name, facts.name);
         let Some(rel) = container_cgroup_dir(&facts.cgroups_path) else {
@@ -515,5 +488,19 @@ mod tests {
         );
         assert_eq!(container_cgroup_dir(""), None);
         assert_eq!(container_cgroup_dir("a:b"), None);
+    }
+
+    #[test]
+    fn cgroup_dirs_never_leave_the_root() {
+        for p in [
+            "/kubepods/burstable/poda/../../../../etc",
+            "..",
+            "/",
+            "kubepods/x\0y",
+            "kubepods-burstable-pod1.slice:cri-containerd:../../../etc",
+            "kubepods-../../x.slice:cri-containerd:abc",
+        ] {
+            assert_eq!(container_cgroup_dir(p), None, "{p:?}");
+        }
     }
 }

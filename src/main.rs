@@ -43,8 +43,8 @@ enum Command {
         /// Metrics address to probe.
         #[arg(long, default_value = nri_qos::config::DEFAULT_METRICS_ADDRESS)]
         address: std::net::SocketAddr,
-        /// Give up after this many seconds.
-        #[arg(long, default_value_t = 3)]
+        /// Give up after this many seconds (1..=3600).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=3600))]
         timeout_seconds: u64,
     },
 }
@@ -121,10 +121,16 @@ fn run_explain(args: ExplainArgs) -> anyhow::Result<()> {
         None => Config::default(),
     };
     let memory = parse_bytes(&args.node_memory).context("--node-memory")?;
+    if memory == 0 {
+        bail!("--node-memory must be more than 0");
+    }
     let allocatable = match &args.node_allocatable {
         Some(a) => parse_bytes(a).context("--node-allocatable")?,
         None => memory,
     };
+    if allocatable == 0 {
+        bail!("--node-allocatable must be more than 0");
+    }
     parse_milli(&args.node_cpus).context("--node-cpus")?;
     let driver = match args.cgroup_driver.as_str() {
         "cgroupfs" => Driver::Cgroupfs,
@@ -181,8 +187,8 @@ struct AuditArgs {
     /// Output: table or json.
     #[arg(long, default_value = "table")]
     output: String,
-    /// How long to wait for the runtime's Synchronize.
-    #[arg(long, default_value_t = 10)]
+    /// How long to wait for the runtime's Synchronize (1..=3600 seconds).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout_seconds: u64,
 }
 

@@ -11,9 +11,13 @@
 //! formatting. Unknown label values are recorded as `"other"`.
 //!
 //! The HTTP side is deliberately tiny: one request per connection, at most
-//! [`MAX_REQUEST_BYTES`] read within [`REQUEST_TIMEOUT`], at most
-//! [`MAX_CONNECTIONS`] connections at once, then the connection is closed.
+//! [`MAX_REQUEST_BYTES`] read within [`REQUEST_TIMEOUT`], then the
+//! connection is closed. At most [`MAX_CONNECTIONS`] are held at once; a
+//! new one closes the oldest rather than being refused, so idle or slow
+//! local clients can never starve `/healthz` (a liveness probe that fails
+//! restarts the pod). Why not hyper: README, "The metrics endpoint".
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpStream as StdTcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +27,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
 /// Kubernetes QoS class label values (`class`), spelled as Kubernetes does
@@ -58,10 +62,15 @@ pub const HOOK_BUCKETS: &[f64] = &[
 
 /// Most bytes of a request we read (request line plus headers).
 pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
-/// Time a client gets to send its request, and again to read our answer.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once; more are closed right away.
-pub const MAX_CONNECTIONS: usize = 8;
+/// Time a client gets to send its whole request head. Prometheus and the
+/// health probe send it with the connection; this cuts idle and slow-loris
+/// clients short.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// Time a client gets to read our answer.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections held at once (an fd and a small task each, an 8 KiB buffer
+/// once a request starts). At the limit the oldest is closed to make room.
+pub const MAX_CONNECTIONS: usize = 256;
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -443,7 +452,8 @@ pub async fn serve_on(listener: TcpListener, metrics: Arc<Metrics>) -> Result<()
         return Err(MetricsError::NotLoopback { addr });
     }
     info!(%addr, "metrics endpoint listening");
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Oldest first. Only this loop touches it: no lock.
+    let mut open: VecDeque<AbortHandle> = VecDeque::with_capacity(MAX_CONNECTIONS);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -456,18 +466,20 @@ pub async fn serve_on(listener: TcpListener, metrics: Arc<Metrics>) -> Result<()
             }
             Err(source) => return Err(MetricsError::Accept { addr, source }),
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            debug!(%peer, "too many metrics connections; closing");
-            drop(stream);
-            continue;
-        };
+        open.retain(|c| !c.is_finished());
+        if open.len() >= MAX_CONNECTIONS {
+            if let Some(oldest) = open.pop_front() {
+                debug!(%peer, "too many metrics connections; closing the oldest");
+                oldest.abort();
+            }
+        }
         let metrics = metrics.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             if let Err(e) = handle(stream, &metrics).await {
                 debug!(%peer, error = %e, "metrics connection ended");
             }
-            drop(permit);
         });
+        open.push_back(task.abort_handle());
     }
 }
 
@@ -520,6 +532,8 @@ fn route(head: &[u8]) -> Route {
 
 /// Reads the request head: up to the blank line, at most [`MAX_REQUEST_BYTES`].
 async fn read_head(stream: &mut TcpStream) -> std::io::Result<Route> {
+    // An idle connection holds no buffer.
+    stream.readable().await?;
     let mut buf = vec![0u8; MAX_REQUEST_BYTES];
     let mut len = 0;
     loop {
@@ -571,7 +585,7 @@ async fn handle(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()>
         stream.write_all(response.as_bytes()).await?;
         stream.shutdown().await
     };
-    match tokio::time::timeout(REQUEST_TIMEOUT, write).await {
+    match tokio::time::timeout(WRITE_TIMEOUT, write).await {
         Ok(r) => r?,
         Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
     }

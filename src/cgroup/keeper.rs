@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::layout::{pod_cgroups, PodCgroups};
 use super::plan::{self, Owner, PodProtection, Protection, Write};
+use crate::node::{join_inside, UnsafePath};
 use crate::nri::plugin::Registry;
 use crate::pressure::stat::read_populated;
 use crate::qos::KubeletMemoryQos;
@@ -59,6 +60,8 @@ pub enum KeeperError {
         #[source]
         source: std::io::Error,
     },
+    #[error("refusing to write below the cgroup root")]
+    Path(#[from] UnsafePath),
 }
 
 /// What one reconcile pass did.
@@ -73,6 +76,8 @@ pub struct PassReport {
     pub scaled: bool,
     pub requested: u64,
     pub budget: u64,
+    /// The budget would have scaled every value to 0: nothing was written.
+    pub refused: bool,
 }
 
 /// Running totals since start (for logs and metrics).
@@ -90,6 +95,7 @@ pub struct Keeper {
     mem_total: u64,
     warned_layouts: HashSet<String>,
     warned_budget: bool,
+    warned_zero_budget: bool,
     stats: KeeperStats,
     kubelet_memory_qos: KubeletMemoryQos,
     /// Who owns each cgroup's protection, decided once (nri-qos may still
@@ -129,6 +135,7 @@ impl Keeper {
             mem_total,
             warned_layouts: HashSet::new(),
             warned_budget: false,
+            warned_zero_budget: false,
             stats: KeeperStats::default(),
             kubelet_memory_qos: KubeletMemoryQos::Auto,
             owners: HashMap::new(),
@@ -252,7 +259,9 @@ impl Keeper {
         cgroups
             .keys()
             .map(|cg| {
-                let dir = self.root.join(cg);
+                let Ok(dir) = join_inside(&self.root, cg) else {
+                    return (cg.clone(), Protection::default());
+                };
                 (
                     cg.clone(),
                     Protection {
@@ -265,7 +274,7 @@ impl Keeper {
     }
 
     fn write(&self, w: &Write) -> Result<(), KeeperError> {
-        let path = self.root.join(&w.cgroup).join(w.file);
+        let path = join_inside(&self.root, &w.cgroup)?.join(w.file);
         std::fs::write(&path, w.value.to_string()).map_err(|source| KeeperError::Write {
             path,
             value: w.value,
@@ -395,7 +404,7 @@ impl Keeper {
         // Only cgroups that exist: we never create what the kubelet owns.
         let mut missing = 0;
         t.by_cgroup.retain(|cg, _| {
-            let exists = self.root.join(cg).join("memory.min").exists();
+            let exists = join_inside(&self.root, cg).is_ok_and(|d| d.join("memory.min").exists());
             if !exists {
                 missing += 1;
             }
@@ -430,6 +439,33 @@ impl Keeper {
         } else if !t.scaled {
             self.warned_budget = false;
         }
+        // A budget that scales everything to 0 is a misconfiguration (or a
+        // bug), never a reason to strip every pod of its protection.
+        let all_zero =
+            !t.by_cgroup.is_empty() && t.by_cgroup.values().all(|p| p.min == 0 && p.low == 0);
+        if t.scaled && all_zero {
+            if !self.warned_zero_budget {
+                error!(
+                    requested = t.requested,
+                    budget = t.budget,
+                    mem_total = self.mem_total,
+                    reserve_bytes = self.cfg.reserve_bytes,
+                    budget_share = self.cfg.budget_share,
+                    "the protection budget leaves nothing to protect; keeping the current pod and QoS protection instead of lowering it to 0"
+                );
+                self.warned_zero_budget = true;
+            }
+            self.stats.passes += 1;
+            return PassReport {
+                missing,
+                scaled: true,
+                requested: t.requested,
+                budget: t.budget,
+                refused: true,
+                ..Default::default()
+            };
+        }
+        self.warned_zero_budget = false;
         let current = self.current(&t.by_cgroup);
         let mut report = PassReport {
             missing,
@@ -982,6 +1018,57 @@ mod tests {
             let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
             let pods = k.pods_from_registry(&reg);
             assert_eq!(k.reconcile(&pods).written, written, "{setting:?}");
+        }
+    }
+
+    #[test]
+    fn writes_never_leave_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cg");
+        tree(&root, &["kubepods"]);
+        tree(dir.path(), &["outside"]);
+        let k = Keeper::new(root.clone(), HierarchyConfig::default(), 16 << 30);
+        for cg in ["../outside", "kubepods/../../outside"] {
+            let w = Write {
+                cgroup: PathBuf::from(cg),
+                file: "memory.min",
+                value: 4096,
+            };
+            assert!(matches!(k.write(&w), Err(KeeperError::Path(_))), "{cg}");
+        }
+        assert_eq!(read(dir.path(), "outside", "memory.min"), 0);
+    }
+
+    #[test]
+    fn a_zero_budget_never_strips_protection() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(root, &["kubepods", "kubepods/poda"]);
+        let reg = registry(&[("a", "/kubepods/poda", 1 << 30, 0)]);
+        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let pods = k.pods_from_registry(&reg);
+        k.reconcile(&pods);
+        assert_eq!(read(root, "kubepods/poda", "memory.min"), 1 << 30);
+        // nan, a negative share, or a reserve above MemTotal: budget 0.
+        for cfg in [
+            HierarchyConfig {
+                budget_share: f64::NAN,
+                ..Default::default()
+            },
+            HierarchyConfig {
+                budget_share: -1.0,
+                ..Default::default()
+            },
+            HierarchyConfig {
+                reserve_bytes: 32 << 30,
+                ..Default::default()
+            },
+        ] {
+            let mut k = Keeper::new(root.to_path_buf(), cfg, 16 << 30);
+            let r = k.reconcile(&pods);
+            assert!(r.refused && r.written == 0, "{r:?}");
+            assert_eq!(read(root, "kubepods", "memory.min"), 1 << 30);
+            assert_eq!(read(root, "kubepods/poda", "memory.min"), 1 << 30);
         }
     }
 

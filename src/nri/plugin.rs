@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 use ttrpc::r#async::TtrpcContext;
 
 use super::convert;
+use super::oom_fallback;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
 use crate::cgroup::keeper::read_protection;
@@ -489,19 +490,18 @@ impl QosPlugin {
         if !self.warned_old_runtime.swap(true, Ordering::Relaxed) {
             warn!("runtime speaks NRI v0.6 and drops oom_score_adj adjustments; writing /proc/<pid>/oom_score_adj at container start instead");
         }
-        let path = self
-            .settings
-            .proc_root
-            .join(container.pid.to_string())
-            .join("oom_score_adj");
-        match std::fs::write(&path, adj.to_string()) {
+        let cgroups_path = container
+            .linux
+            .as_ref()
+            .map(|l| l.cgroups_path.as_str())
+            .unwrap_or_default();
+        let pid = container.pid;
+        match oom_fallback::write_oom_score_adj(&self.settings.proc_root, pid, cgroups_path, adj) {
             Ok(()) => {
                 lock(&self.counters).oom_fallback_writes += 1;
-                debug!(path = %path.display(), adj, "oom_score_adj written");
+                debug!(pid, adj, "oom_score_adj written");
             }
-            Err(e) => {
-                warn!(path = %path.display(), adj, error = %e, "could not write oom_score_adj")
-            }
+            Err(e) => warn!(pid, adj, error = %e, "could not write oom_score_adj"),
         }
     }
 

@@ -357,6 +357,15 @@ pub fn explain_with(
     kubelet: &KubeletMemoryQosSim,
 ) -> Result<PodReport, ExplainError> {
     let pod = parse_pod(yaml)?;
+    // A file given to explain must say what it is (parse_pod also reads
+    // API objects, where list items can come without their kind).
+    if pod.kind.is_empty() {
+        return Err(ManifestError::Field {
+            path: "kind".into(),
+            message: "missing; a Pod manifest says `kind: Pod`".into(),
+        }
+        .into());
+    }
     let (class, class_reason) = pod_qos(&pod)?;
     let uid = if pod.metadata.uid.is_empty() {
         "00000000-0000-0000-0000-000000000000".to_string()
@@ -397,7 +406,7 @@ pub fn explain_with(
                 .iter()
                 .filter(|(_, init, sidecar, _)| !init || *sidecar)
                 .map(|(_, _, _, r)| mem(r))
-                .sum();
+                .fold(0, u64::saturating_add);
             let init_max = all
                 .iter()
                 .filter(|(_, init, sidecar, _)| *init && !*sidecar)
@@ -491,8 +500,8 @@ pub fn explain_with(
             unified("memory.low").unwrap_or(0),
         );
         if !*init || *sidecar {
-            pod_min += min;
-            pod_low += low;
+            pod_min = pod_min.saturating_add(min);
+            pod_low = pod_low.saturating_add(low);
         }
         let container_path = match node.driver {
             Driver::Cgroupfs => format!("{pod_path}/<container-id>"),
@@ -778,7 +787,8 @@ mod tests {
     };
 
     fn one(yaml: &str) -> PodReport {
-        explain(yaml, &NODE, &PolicyConfig::default()).unwrap()
+        let yaml = format!("kind: Pod\n{yaml}");
+        explain(&yaml, &NODE, &PolicyConfig::default()).unwrap()
     }
 
     #[test]
@@ -832,8 +842,23 @@ mod tests {
     }
 
     #[test]
+    fn a_manifest_without_kind_is_an_error_naming_it() {
+        let yaml = "spec: {containers: [{name: a}]}";
+        let err = explain(yaml, &NODE, &PolicyConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("kind: missing"), "{err}");
+    }
+
+    #[test]
+    fn huge_requests_saturate_instead_of_wrapping() {
+        let r = one("metadata: {name: h}\nspec:\n  resources:\n    requests: {memory: 8Ei}\n  containers:\n  - name: a\n    resources: {requests: {memory: 8Ei}}\n  - name: b\n    resources: {requests: {memory: 8Ei}}\n");
+        assert_eq!(r.containers.len(), 2);
+    }
+
+    #[test]
     fn node_critical_and_systemd_paths() {
-        let yaml = "metadata: {name: c, uid: a-b}\nspec:\n  priorityClassName: system-node-critical\n  containers:\n  - name: app\n    resources: {requests: {memory: 256Mi}}\n";
+        let yaml = "kind: Pod\nmetadata: {name: c, uid: a-b}\nspec:\n  priorityClassName: system-node-critical\n  containers:\n  - name: app\n    resources: {requests: {memory: 256Mi}}\n";
         let node = NodeSpec {
             driver: Driver::Systemd,
             ..NODE
@@ -872,7 +897,8 @@ mod tests {
 
     fn with_kubelet(version: &str, mode: KubeletMode, factor: Option<f64>) -> PodReport {
         let k = KubeletMemoryQosSim::for_version(version, Some(mode), factor).unwrap();
-        explain_with(ROW4, &NODE, &PolicyConfig::default(), &k).unwrap()
+        let yaml = format!("kind: Pod\n{ROW4}");
+        explain_with(&yaml, &NODE, &PolicyConfig::default(), &k).unwrap()
     }
 
     #[test]
