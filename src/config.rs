@@ -141,6 +141,10 @@ pub enum ConfigError {
     },
 }
 
+/// Longest `hierarchy.resync-seconds`: a retry an hour apart is already no
+/// retry; beyond that a typo (or i64::MAX) would mean never.
+pub const MAX_RESYNC_SECONDS: u64 = 3600;
+
 /// Prefix of the environment variables [`Config::apply_env`] reads.
 pub const ENV_PREFIX: &str = "NRI_QOS_";
 
@@ -230,6 +234,7 @@ const ENV_TABLE: &[(&str, &str, EnvSetter)] = &[
         "hierarchy.budget-share",
         |c, v| {
             c.hierarchy.budget_share = parse_num(v)?;
+            check_budget_share(c.hierarchy.budget_share)?;
             Ok(())
         },
     ),
@@ -298,6 +303,19 @@ where
     T::Err: std::fmt::Display,
 {
     v.parse::<T>().map_err(|e| format!("{v:?}: {e}"))
+}
+
+/// `hierarchy.budget-share`: a share of memory, so a finite number in
+/// (0, 1]. nan or a negative share would compute a budget of 0 and strip
+/// every pod of its protection; `hierarchy.enabled = false` turns it off.
+fn check_budget_share(v: f64) -> Result<(), String> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{v} is not a share in (0, 1] (to turn the keeper off: hierarchy.enabled = false)"
+        ))
+    }
 }
 
 fn non_empty_path(v: &str) -> Result<PathBuf, String> {
@@ -376,6 +394,35 @@ impl Config {
                 field: "policy",
                 reason,
             })?;
+        check_budget_share(self.hierarchy.budget_share).map_err(|reason| ConfigError::Invalid {
+            field: "hierarchy.budget-share",
+            reason,
+        })?;
+        crate::observability::check_level(&self.plugin.log_level).map_err(|reason| {
+            ConfigError::Invalid {
+                field: "plugin.log-level",
+                reason,
+            }
+        })?;
+        for (field, path) in [
+            ("plugin.socket", &self.plugin.socket),
+            ("node.cgroup-root", &self.node.cgroup_root),
+            ("node.proc-root", &self.node.proc_root),
+        ] {
+            if path.as_os_str().is_empty() {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: "empty path".into(),
+                });
+            }
+        }
+        let resync = self.hierarchy.resync_seconds;
+        if !(1..=MAX_RESYNC_SECONDS).contains(&resync) {
+            return Err(ConfigError::Invalid {
+                field: "hierarchy.resync-seconds",
+                reason: format!("{resync} is not in 1..={MAX_RESYNC_SECONDS}"),
+            });
+        }
         if !matches!(self.plugin.log_format.as_str(), "text" | "json") {
             return Err(ConfigError::Invalid {
                 field: "plugin.log-format",
@@ -432,6 +479,97 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("plugin.log-format"), "{err}");
+    }
+
+    #[test]
+    fn non_finite_and_out_of_range_shares_are_refused_everywhere() {
+        for v in ["nan", "-1.0", "7.0", "0.0", "inf", "-inf"] {
+            let text = format!("[hierarchy]\nbudget-share = {v}\n");
+            let err = Config::from_toml(&text, Path::new("c.toml"))
+                .expect_err(v)
+                .to_string();
+            assert!(err.contains("hierarchy.budget-share"), "{v}: {err}");
+            let err = Config::default()
+                .apply_env(env(&[("NRI_QOS_HIERARCHY_BUDGET_SHARE", v)]))
+                .expect_err(v)
+                .to_string();
+            assert!(err.contains("hierarchy.budget-share"), "{v}: {err}");
+            // The runtime's drop-in config is checked the same way.
+            let err =
+                crate::nri::plugin::layer_drop_in(&Default::default(), false, &text).expect_err(v);
+            assert!(err.contains("hierarchy.budget-share"), "{v}: {err}");
+        }
+        // The other float keys already were; keep them so.
+        for text in [
+            "[policy]\nmemory-throttling-factor = nan\n",
+            "[monitor]\nbesteffort-memory-high-factor = nan\n",
+            "[monitor]\nhard-threshold = \"nan%\"\n",
+            "[monitor]\nsoft-threshold = \"inf%\"\n",
+        ] {
+            assert!(
+                Config::from_toml(text, Path::new("c.toml")).is_err(),
+                "{text}"
+            );
+        }
+        let cfg = Config::from_toml("[hierarchy]\nbudget-share = 1.0\n", Path::new("c.toml"));
+        assert!(cfg.is_ok());
+    }
+
+    #[test]
+    fn validation_gaps_are_errors_naming_the_key() {
+        let table: &[(&str, &str)] = &[
+            ("[plugin]\nlog-level = \"(((\"\n", "plugin.log-level"),
+            ("[plugin]\nlog-level = \"\"\n", "plugin.log-level"),
+            ("[plugin]\nsocket = \"\"\n", "plugin.socket"),
+            ("[node]\ncgroup-root = \"\"\n", "node.cgroup-root"),
+            ("[node]\nproc-root = \"\"\n", "node.proc-root"),
+            (
+                "[hierarchy]\nresync-seconds = 9223372036854775807\n",
+                "hierarchy.resync-seconds",
+            ),
+            (
+                "[hierarchy]\nresync-seconds = 0\n",
+                "hierarchy.resync-seconds",
+            ),
+            ("[monitor]\nkubepods = \"../../etc\"\n", "monitor.kubepods"),
+            (
+                "[monitor]\nkubepods = \"/kubepods.slice/../../etc\"\n",
+                "monitor.kubepods",
+            ),
+            ("[monitor]\ncooldown = \"999999999m\"\n", "monitor.cooldown"),
+            (
+                "[monitor]\ntransition-period = \"2000000s\"\n",
+                "monitor.transition-period",
+            ),
+            (
+                "[monitor]\nhard-threshold = \"300Mi\"\nsoft-threshold = \"100Mi\"\n",
+                "monitor.soft-threshold",
+            ),
+            (
+                "[monitor]\nhard-threshold = \"10%\"\nsoft-threshold = \"5%\"\n",
+                "monitor.soft-threshold",
+            ),
+        ];
+        for (text, key) in table {
+            let err = Config::from_toml(text, Path::new("c.toml"))
+                .expect_err(text)
+                .to_string();
+            assert!(err.contains(key), "{text}: {err}");
+        }
+        for ok in [
+            "[monitor]\nkubepods = \"/kubepods.slice\"\n",
+            "[monitor]\nsoft-threshold = \"0\"\n",
+            "[hierarchy]\nresync-seconds = 3600\n",
+            "[plugin]\nlog-level = \"nri_qos=debug,warn\"\n",
+        ] {
+            Config::from_toml(ok, Path::new("c.toml")).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        // The environment layer ends in the same validation.
+        let mut cfg = Config::default();
+        cfg.apply_env(env(&[("NRI_QOS_PLUGIN_LOG_LEVEL", "(((")]))
+            .unwrap();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("plugin.log-level"), "{err}");
     }
 
     #[test]

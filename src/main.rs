@@ -43,8 +43,8 @@ enum Command {
         /// Metrics address to probe.
         #[arg(long, default_value = nri_qos::config::DEFAULT_METRICS_ADDRESS)]
         address: std::net::SocketAddr,
-        /// Give up after this many seconds.
-        #[arg(long, default_value_t = 3)]
+        /// Give up after this many seconds (1..=3600).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=3600))]
         timeout_seconds: u64,
     },
 }
@@ -102,6 +102,15 @@ struct ExplainArgs {
     /// Config file whose [policy] to use (default: the built-in defaults).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// The kubelet's version: its Memory QoS defaults (factor 0.9 before 1.37, none from 1.37).
+    #[arg(long, default_value = "1.37")]
+    kubelet_version: String,
+    /// The kubelet's Memory QoS: none, alpha (1.27-1.35) or tiered (1.36+ TieredReservation).
+    #[arg(long, default_value = "none")]
+    kubelet_memory_qos: String,
+    /// The kubelet's memoryThrottlingFactor (memory.high), in (0, 1].
+    #[arg(long)]
+    memory_throttling_factor: Option<f64>,
 }
 
 fn run_explain(args: ExplainArgs) -> anyhow::Result<()> {
@@ -112,10 +121,16 @@ fn run_explain(args: ExplainArgs) -> anyhow::Result<()> {
         None => Config::default(),
     };
     let memory = parse_bytes(&args.node_memory).context("--node-memory")?;
+    if memory == 0 {
+        bail!("--node-memory must be more than 0");
+    }
     let allocatable = match &args.node_allocatable {
         Some(a) => parse_bytes(a).context("--node-allocatable")?,
         None => memory,
     };
+    if allocatable == 0 {
+        bail!("--node-allocatable must be more than 0");
+    }
     parse_milli(&args.node_cpus).context("--node-cpus")?;
     let driver = match args.cgroup_driver.as_str() {
         "cgroupfs" => Driver::Cgroupfs,
@@ -138,7 +153,20 @@ fn run_explain(args: ExplainArgs) -> anyhow::Result<()> {
         driver,
         cgroup_v2: !args.cgroup_v1,
     };
-    let report = explain::explain(&yaml, &node, &cfg.policy)
+    let mode = match args.kubelet_memory_qos.as_str() {
+        "none" => explain::KubeletMode::None,
+        "alpha" => explain::KubeletMode::Alpha,
+        "tiered" => explain::KubeletMode::Tiered,
+        other => bail!("--kubelet-memory-qos must be none, alpha or tiered, not {other:?}"),
+    };
+    let kubelet = explain::KubeletMemoryQosSim::for_version(
+        &args.kubelet_version,
+        Some(mode),
+        args.memory_throttling_factor,
+    )
+    .map_err(anyhow::Error::msg)
+    .context("--kubelet-version / --kubelet-memory-qos / --memory-throttling-factor")?;
+    let report = explain::explain_with(&yaml, &node, &cfg.policy, &kubelet)
         .with_context(|| format!("explaining {}", args.manifest.display()))?;
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -159,8 +187,8 @@ struct AuditArgs {
     /// Output: table or json.
     #[arg(long, default_value = "table")]
     output: String,
-    /// How long to wait for the runtime's Synchronize.
-    #[arg(long, default_value_t = 10)]
+    /// How long to wait for the runtime's Synchronize (1..=3600 seconds).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout_seconds: u64,
 }
 
@@ -415,6 +443,7 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
                 plugin.registry(),
                 plugin.subscribe_changes(),
                 std::time::Duration::from_secs(cfg.hierarchy.resync_seconds.max(1)),
+                Some(plugin.metrics()),
             ));
         }
         if !node.cgroup_v2 {

@@ -11,9 +11,13 @@
 //! formatting. Unknown label values are recorded as `"other"`.
 //!
 //! The HTTP side is deliberately tiny: one request per connection, at most
-//! [`MAX_REQUEST_BYTES`] read within [`REQUEST_TIMEOUT`], at most
-//! [`MAX_CONNECTIONS`] connections at once, then the connection is closed.
+//! [`MAX_REQUEST_BYTES`] read within [`REQUEST_TIMEOUT`], then the
+//! connection is closed. At most [`MAX_CONNECTIONS`] are held at once; a
+//! new one closes the oldest rather than being refused, so idle or slow
+//! local clients can never starve `/healthz` (a liveness probe that fails
+//! restarts the pod). Why not hyper: README, "The metrics endpoint".
 
+use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpStream as StdTcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +27,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
 /// Kubernetes QoS class label values (`class`), spelled as Kubernetes does
@@ -61,10 +65,15 @@ pub const HOOK_BUCKETS: &[f64] = &[
 
 /// Most bytes of a request we read (request line plus headers).
 pub const MAX_REQUEST_BYTES: usize = 8 * 1024;
-/// Time a client gets to send its request, and again to read our answer.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connections served at once; more are closed right away.
-pub const MAX_CONNECTIONS: usize = 8;
+/// Time a client gets to send its whole request head. Prometheus and the
+/// health probe send it with the connection; this cuts idle and slow-loris
+/// clients short.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// Time a client gets to read our answer.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connections held at once (an fd and a small task each, an 8 KiB buffer
+/// once a request starts). At the limit the oldest is closed to make room.
+pub const MAX_CONNECTIONS: usize = 256;
 
 #[derive(Debug, Error)]
 pub enum MetricsError {
@@ -120,6 +129,9 @@ pub struct Metrics {
     /// The optional Kubernetes API source (`crate::kube`); its series
     /// appear only when it runs.
     kube: KubeMetrics,
+    /// Pod, QoS and kubepods cgroups whose protection each owner writes,
+    /// in [`PROTECTION_OWNERS`] order.
+    protection_owners: Box<[AtomicU64]>,
 }
 
 /// Outcomes of an Eviction through the API server (`outcome`).
@@ -133,6 +145,9 @@ struct KubeMetrics {
     lag_micros: AtomicU64,
     evictions: [AtomicU64; 3],
 }
+
+/// `owner` label values of `nri_qos_protection_cgroups`.
+pub const PROTECTION_OWNERS: &[&str] = &["kubelet", "nri-qos"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -163,6 +178,7 @@ impl Metrics {
             throttle_evictions: counters(CLASSES.len() * SIGNALS.len()),
             throttle_under: AtomicU64::new(0),
             kube: KubeMetrics::default(),
+            protection_owners: counters(PROTECTION_OWNERS.len()),
         }
     }
 
@@ -289,6 +305,13 @@ impl Metrics {
                 "nri_qos_kube_evictions_total{{outcome=\"{outcome}\"}} {v}"
             );
         }
+    }
+
+    /// How many pod, QoS and kubepods cgroups the kubelet's Memory QoS and
+    /// nri-qos each own (the hierarchy keeper's decisions).
+    pub fn set_protection_owners(&self, kubelet: u64, nri_qos: u64) {
+        self.protection_owners[0].store(kubelet, Ordering::Relaxed);
+        self.protection_owners[1].store(nri_qos, Ordering::Relaxed);
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
@@ -424,6 +447,17 @@ impl Metrics {
             u8::from(self.runtime_connected.load(Ordering::Relaxed))
         );
         self.render_kube(o);
+
+        header(
+            o,
+            "nri_qos_protection_cgroups",
+            "gauge",
+            "Pod, QoS and kubepods cgroups whose memory.min/low each owner writes (the kubelet's Memory QoS or nri-qos).",
+        );
+        for (i, owner) in PROTECTION_OWNERS.iter().enumerate() {
+            let v = self.protection_owners[i].load(Ordering::Relaxed);
+            let _ = writeln!(o, "nri_qos_protection_cgroups{{owner=\"{owner}\"}} {v}");
+        }
         out
     }
 }
@@ -480,7 +514,8 @@ pub async fn serve_on(listener: TcpListener, metrics: Arc<Metrics>) -> Result<()
         return Err(MetricsError::NotLoopback { addr });
     }
     info!(%addr, "metrics endpoint listening");
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    // Oldest first. Only this loop touches it: no lock.
+    let mut open: VecDeque<AbortHandle> = VecDeque::with_capacity(MAX_CONNECTIONS);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -493,18 +528,20 @@ pub async fn serve_on(listener: TcpListener, metrics: Arc<Metrics>) -> Result<()
             }
             Err(source) => return Err(MetricsError::Accept { addr, source }),
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            debug!(%peer, "too many metrics connections; closing");
-            drop(stream);
-            continue;
-        };
+        open.retain(|c| !c.is_finished());
+        if open.len() >= MAX_CONNECTIONS {
+            if let Some(oldest) = open.pop_front() {
+                debug!(%peer, "too many metrics connections; closing the oldest");
+                oldest.abort();
+            }
+        }
         let metrics = metrics.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             if let Err(e) = handle(stream, &metrics).await {
                 debug!(%peer, error = %e, "metrics connection ended");
             }
-            drop(permit);
         });
+        open.push_back(task.abort_handle());
     }
 }
 
@@ -557,6 +594,8 @@ fn route(head: &[u8]) -> Route {
 
 /// Reads the request head: up to the blank line, at most [`MAX_REQUEST_BYTES`].
 async fn read_head(stream: &mut TcpStream) -> std::io::Result<Route> {
+    // An idle connection holds no buffer.
+    stream.readable().await?;
     let mut buf = vec![0u8; MAX_REQUEST_BYTES];
     let mut len = 0;
     loop {
@@ -608,7 +647,7 @@ async fn handle(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()>
         stream.write_all(response.as_bytes()).await?;
         stream.shutdown().await
     };
-    match tokio::time::timeout(REQUEST_TIMEOUT, write).await {
+    match tokio::time::timeout(WRITE_TIMEOUT, write).await {
         Ok(r) => r?,
         Err(_) => return Err(std::io::ErrorKind::TimedOut.into()),
     }
@@ -718,6 +757,10 @@ mod tests {
             text.contains("nri_qos_kube_watch_lag_seconds 1.5"),
             "{text}"
         );
+        m.set_protection_owners(3, 5);
+        let text = m.render();
+        assert!(text.contains("nri_qos_protection_cgroups{owner=\"kubelet\"} 3"));
+        assert!(text.contains("nri_qos_protection_cgroups{owner=\"nri-qos\"} 5"));
     }
 
     #[test]

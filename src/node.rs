@@ -1,6 +1,6 @@
 //! Facts about the node read once at start (paths injected for tests).
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 
@@ -16,6 +16,79 @@ pub enum NodeError {
     },
     #[error("{path} has no usable MemTotal line")]
     NoMemTotal { path: PathBuf },
+}
+
+/// A path from the runtime (cgroups paths, cgroup parents) or from a config
+/// file that would leave the directory it is meant to stay in.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[error("{path:?} {reason}")]
+pub struct UnsafePath {
+    pub path: String,
+    pub reason: &'static str,
+}
+
+/// `rel` as a path below a root: a leading `/` means the root itself (the
+/// way cgroups paths are written), `.` is dropped, and `..`, a NUL byte or a
+/// Windows prefix is refused. Every path a peer supplies goes through here
+/// (or [`join_inside`]) before it touches the filesystem.
+pub fn relative_inside(rel: impl AsRef<Path>) -> Result<PathBuf, UnsafePath> {
+    let rel = rel.as_ref();
+    let refuse = |reason| UnsafePath {
+        path: rel.display().to_string(),
+        reason,
+    };
+    if rel.as_os_str().as_encoded_bytes().contains(&0) {
+        return Err(refuse("contains a NUL byte"));
+    }
+    let mut out = PathBuf::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(part) => out.push(part),
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir => return Err(refuse("contains \"..\"")),
+            Component::Prefix(_) => return Err(refuse("has a path prefix")),
+        }
+    }
+    Ok(out)
+}
+
+/// `root` joined with `rel`, which can never name anything outside `root`
+/// (see [`relative_inside`]).
+pub fn join_inside(root: &Path, rel: impl AsRef<Path>) -> Result<PathBuf, UnsafePath> {
+    relative_inside(rel).map(|r| root.join(r))
+}
+
+/// The container's cgroup directory, relative to the cgroup root, from the
+/// runtime's cgroups path: `/parent/id` (cgroupfs) or `slice:prefix:id`
+/// (systemd). `None` for anything else, including paths that would leave
+/// the root (`..`, NUL).
+pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
+    let parts: Vec<&str> = cgroups_path.split(':').collect();
+    let rel = match parts.as_slice() {
+        [path] if !path.is_empty() => PathBuf::from(path),
+        [slice, prefix, id] if slice.ends_with(".slice") && !id.is_empty() => {
+            systemd_slice_path(slice).join(format!("{prefix}-{id}.scope"))
+        }
+        _ => return None,
+    };
+    relative_inside(rel)
+        .ok()
+        .filter(|r| !r.as_os_str().is_empty())
+}
+
+/// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
+pub fn systemd_slice_path(slice: &str) -> PathBuf {
+    let name = slice.strip_suffix(".slice").unwrap_or(slice);
+    let mut path = PathBuf::new();
+    let mut prefix = String::new();
+    for part in name.split('-') {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.push_str(part);
+        path.push(format!("{prefix}.slice"));
+    }
+    path
 }
 
 /// MemTotal in bytes from a /proc/meminfo text.
@@ -91,6 +164,35 @@ mod tests {
         let f = read_node_facts(&proc_root, &cg, 1 << 30).unwrap();
         assert!(f.cgroup_v2);
         assert_eq!(f.memory_allocatable, 1 << 30);
+    }
+
+    #[test]
+    fn joins_stay_inside_the_root() {
+        let root = Path::new("/sys/fs/cgroup");
+        for (rel, want) in [
+            (
+                "kubepods/burstable/poda/c1",
+                "/sys/fs/cgroup/kubepods/burstable/poda/c1",
+            ),
+            ("/kubepods.slice", "/sys/fs/cgroup/kubepods.slice"),
+            ("./kubepods//x/", "/sys/fs/cgroup/kubepods/x"),
+            ("", "/sys/fs/cgroup"),
+        ] {
+            assert_eq!(join_inside(root, rel).unwrap(), Path::new(want), "{rel}");
+        }
+        for rel in [
+            "..",
+            "../../etc",
+            "/kubepods/../../etc",
+            "kubepods/burstable/pod../..",
+            "a/b/../../..",
+            "kube\0pods",
+        ] {
+            let err = join_inside(root, rel).unwrap_err();
+            assert_eq!(err.path, rel, "{err}");
+        }
+        // "pod..x" is a name, not a parent reference.
+        assert!(join_inside(root, "kubepods/pod..x").is_ok());
     }
 
     #[test]

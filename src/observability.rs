@@ -17,6 +17,20 @@ pub enum Journal {
     Off,
 }
 
+/// Checks a `plugin.log-level` value: a level or tracing filter
+/// (`info`, `nri_qos=debug,warn`). An invalid one used to fall back to
+/// `info` silently.
+pub fn check_level(level: &str) -> Result<(), String> {
+    if level.trim().is_empty() {
+        return Err("empty log level".into());
+    }
+    EnvFilter::builder()
+        .with_regex(false)
+        .parse(level)
+        .map(drop)
+        .map_err(|e| format!("{level:?} is not a log level or tracing filter: {e}"))
+}
+
 /// `level` is a tracing filter ("info", "nri_qos=debug"); `RUST_LOG` wins.
 pub fn init(
     format: &str,
@@ -65,4 +79,24 @@ pub fn init(
         .with(journald)
         .try_init();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_levels_are_checked() {
+        for ok in [
+            "info",
+            "debug",
+            "nri_qos=debug",
+            "warn,nri_qos::pressure=trace",
+        ] {
+            check_level(ok).unwrap();
+        }
+        for bad in ["(((", "", "nri_qos=loud", "[[["] {
+            assert!(check_level(bad).is_err(), "{bad:?}");
+        }
+    }
 }

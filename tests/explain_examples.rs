@@ -150,3 +150,27 @@ fn bad_manifest_names_the_field() {
         "{err}"
     );
 }
+
+#[test]
+fn bad_node_and_kindless_manifest_are_errors_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = dir.path().join("pod.yaml");
+    std::fs::write(&pod, "kind: Pod\nspec:\n  containers:\n  - name: a\n").unwrap();
+    let kindless = dir.path().join("kindless.yaml");
+    std::fs::write(&kindless, "spec:\n  containers:\n  - name: a\n").unwrap();
+    for (file, extra, needle) in [
+        (&pod, &["--node-memory", "0"][..], "--node-memory"),
+        (&pod, &["--node-allocatable", "0"][..], "--node-allocatable"),
+        (&kindless, &[][..], "kind: missing"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_nri-qos"))
+            .arg("explain")
+            .arg(file)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+}

@@ -208,6 +208,7 @@ fn scrape_parses_as_prometheus_text() {
         ("nri_qos_throttle_evictions_total", "counter"),
         ("nri_qos_throttle_containers", "gauge"),
         ("nri_qos_runtime_connected", "gauge"),
+        ("nri_qos_protection_cgroups", "gauge"),
     ];
     for (name, ty) in expect {
         assert_eq!(types.get(name).map(String::as_str), Some(ty), "{name}");
@@ -372,24 +373,90 @@ fn metrics_is_send_sync_and_counts_from_many_threads() {
     assert!(text.contains("nri_qos_hook_duration_seconds_count 4000"));
 }
 
+/// Raises this process's open-file limit to its hard limit (the test holds
+/// the client ends of its connections) and returns it.
+fn raise_fd_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls on a stack struct.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+    lim.rlim_cur
+}
+
+/// Round trip of `GET /healthz`, the way `nri-qos health` does it.
+fn health_latency(addr: SocketAddr) -> Duration {
+    let t = std::time::Instant::now();
+    metrics::check_health(addr, Duration::from_secs(5)).expect("healthz");
+    t.elapsed()
+}
+
 #[test]
-fn connections_beyond_the_limit_are_closed_not_queued() {
+fn idle_and_slow_clients_never_starve_healthz() {
+    // 1,000 of each where the hard limit allows (it does on CI and on
+    // systemd hosts); the server side holds at most MAX_CONNECTIONS.
+    let fds = raise_fd_limit().saturating_sub(metrics::MAX_CONNECTIONS as u64 + 200);
+    let n = (fds / 2).min(1000) as usize;
+    assert!(n > 2 * metrics::MAX_CONNECTIONS, "open-file limit too low");
     let addr = start(Arc::new(Metrics::new()));
-    let idle: Vec<TcpStream> = (0..metrics::MAX_CONNECTIONS)
-        .map(|_| TcpStream::connect(addr).unwrap())
+    // Idle connections, then slow-loris ones that send a request head one
+    // byte at a time and never finish it.
+    let idle: Vec<TcpStream> = (0..n).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let mut slow: Vec<TcpStream> = (0..n)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let _ = s.write_all(b"G");
+            s
+        })
         .collect();
-    // Let the server accept them all (they then wait for a request).
-    std::thread::sleep(Duration::from_millis(300));
-    let resp = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n");
-    assert_eq!(resp, "", "over the limit: closed without an answer");
-    // Idle clients leaving free their slots.
-    drop(idle);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while let Err(e) = metrics::check_health(addr, Duration::from_secs(5)) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "slots never freed: {e}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    // Every probe must answer (health_latency panics otherwise), and the
+    // typical one within 50 ms. The median, not the worst: this runs on
+    // shared CI cores beside other tests, where any single round trip can
+    // be descheduled; the benchmark (README) reports the tail.
+    let mut took = Vec::new();
+    for round in 0..21 {
+        for s in slow.iter_mut() {
+            let _ = s.write_all(&[b"ET /metrics"[round % 11]]);
+        }
+        took.push(health_latency(addr));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    took.sort();
+    assert!(
+        took[took.len() / 2] < Duration::from_millis(50),
+        "healthz beside {n} idle and {n} slow clients took {took:?}"
+    );
+    // Idle ones are cut off fast: the oldest are closed at once to make
+    // room, the rest within the request timeout.
+    std::thread::sleep(metrics::REQUEST_TIMEOUT + Duration::from_millis(500));
+    let mut s = idle.into_iter().last().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(
+        String::from_utf8_lossy(&buf).is_empty() || buf.starts_with(b"HTTP/1.1 400 "),
+        "{buf:?}"
+    );
+}
+
+#[test]
+fn absurd_probe_timeouts_are_refused_naming_the_flag() {
+    for args in [
+        &["health", "--timeout-seconds", "9223372036854775807"][..],
+        &["health", "--timeout-seconds", "0"][..],
+        &["audit", "--timeout-seconds", "9223372036854775807"][..],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_nri-qos"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--timeout-seconds"), "{args:?}: {err}");
     }
 }

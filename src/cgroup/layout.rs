@@ -107,34 +107,6 @@ fn systemd(slice: &str) -> Option<PodCgroups> {
     })
 }
 
-/// The container's cgroup directory from the runtime's cgroups path:
-/// `/parent/id` (cgroupfs) or `slice:prefix:id` (systemd).
-pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
-    let parts: Vec<&str> = cgroups_path.split(':').collect();
-    match parts.as_slice() {
-        [path] if !path.is_empty() => Some(PathBuf::from(path.trim_start_matches('/'))),
-        [slice, prefix, id] if slice.ends_with(".slice") && !id.is_empty() => {
-            Some(systemd_slice_path(slice).join(format!("{prefix}-{id}.scope")))
-        }
-        _ => None,
-    }
-}
-
-/// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
-pub fn systemd_slice_path(slice: &str) -> PathBuf {
-    let name = slice.strip_suffix(".slice").unwrap_or(slice);
-    let mut path = PathBuf::new();
-    let mut prefix = String::new();
-    for part in name.split('-') {
-        if !prefix.is_empty() {
-            prefix.push('-');
-        }
-        prefix.push_str(part);
-        path.push(format!("{prefix}.slice"));
-    }
-    path
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

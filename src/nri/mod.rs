@@ -4,6 +4,7 @@
 pub mod convert;
 pub mod feed;
 pub mod mux;
+pub mod oom_fallback;
 pub mod plugin;
 pub mod proto;
 pub mod relax;

@@ -149,6 +149,10 @@ impl fmt::Display for HumanDuration {
     }
 }
 
+/// Longest duration any `[monitor]` key may have: beyond an hour a value
+/// is a typo, and an unbounded one would overflow timer arithmetic.
+pub const MAX_DURATION: HumanDuration = HumanDuration(Duration::from_secs(3600));
+
 fn ms(v: u64) -> HumanDuration {
     HumanDuration(Duration::from_millis(v))
 }
@@ -309,7 +313,41 @@ impl MonitorConfig {
             return err("max-fill-rate must be > 0".into());
         }
         if self.kubepods.trim().is_empty() {
-            return err("kubepods must be \"auto\" or a path".into());
+            return err("monitor.kubepods must be \"auto\" or a path".into());
+        }
+        if self.kubepods != "auto" {
+            if let Err(e) = crate::node::relative_inside(&self.kubepods) {
+                return err(format!(
+                    "monitor.kubepods {e}: it is a path below the cgroup root"
+                ));
+            }
+        }
+        for (key, d) in [
+            ("soft-grace-period", self.soft_grace_period),
+            ("transition-period", self.transition_period),
+            ("cooldown", self.cooldown),
+            ("kill-timeout", self.kill_timeout),
+            ("kill-wait", self.kill_wait),
+            ("check-interval", self.check_interval),
+            ("pressure-interval", self.pressure_interval),
+            ("reclaim-interval", self.reclaim_interval),
+        ] {
+            if d.0 > MAX_DURATION.0 {
+                return err(format!("monitor.{key} {d} is longer than {MAX_DURATION}"));
+            }
+        }
+        let (hard, soft) = (self.hard_threshold, self.soft_threshold);
+        // Mixed kinds (5% and 300Mi) depend on the node; only like with
+        // like can be judged here.
+        let same_kind_below = match (hard, soft) {
+            (Quantity::Bytes(h), Quantity::Bytes(s)) => s != 0 && s < h,
+            (Quantity::Percent(h), Quantity::Percent(s)) => s != 0.0 && s < h,
+            _ => false,
+        };
+        if same_kind_below {
+            return err(format!(
+                "monitor.soft-threshold {soft} is below monitor.hard-threshold {hard} (0 turns the soft threshold off)"
+            ));
         }
         if !(-20..=19).contains(&self.nice) {
             return err(format!("nice {} must be in -20..=19", self.nice));

@@ -32,7 +32,8 @@ pub struct PodCgroup {
 /// the cgroup root.
 pub fn find_kubepods(root: &Path, setting: &str) -> Option<(PathBuf, Driver)> {
     if setting != "auto" {
-        let p = root.join(setting.trim_start_matches('/'));
+        // Validated at load; checked again so no caller can leave the root.
+        let p = crate::node::join_inside(root, setting).ok()?;
         let driver = if setting.trim_end_matches('/').ends_with(".slice") {
             Driver::Systemd
         } else {
@@ -245,5 +246,8 @@ mod tests {
             find_kubepods(root, "/kubepods.slice").unwrap().1,
             Driver::Systemd
         );
+        // A directory outside the root is never the kubepods cgroup.
+        std::fs::create_dir_all(root.join("kubepods.slice/x")).unwrap();
+        assert!(find_kubepods(&root.join("kubepods.slice/x"), "..").is_none());
     }
 }

@@ -284,7 +284,7 @@ mod tests {
             .to_string();
         assert!(err.contains("spec.containers[0].resources"), "{err}");
         let pod = parse_pod(
-            "spec:\n  containers:\n  - name: a\n  - name: b\n    resources:\n      limits: {memory: 12x}\n",
+            "kind: Pod\nspec:\n  containers:\n  - name: a\n  - name: b\n    resources:\n      limits: {memory: 12x}\n",
         )
         .unwrap();
         let err = pod.spec.containers[1]
@@ -297,7 +297,7 @@ mod tests {
             "spec.containers[1].resources.limits.memory: invalid quantity \"12x\""
         );
         assert!(parse_pod("kind: Service\nspec: {containers: [{name: a}]}").is_err());
-        assert!(parse_pod("spec: {containers: []}").is_err());
+        assert!(parse_pod("kind: Pod\nspec: {containers: []}").is_err());
         assert!(parse_pod(": : :").is_err());
     }
 }
