@@ -6,6 +6,7 @@ pub mod feed;
 pub mod mux;
 pub mod plugin;
 pub mod proto;
+pub mod reassembly;
 pub mod session;
 
 pub use plugin::{PluginSettings, QosPlugin};
