@@ -11,6 +11,11 @@
 //! 3. The plugin's CPU time (utime + stime) per 1,000 creates.
 //!
 //! `NRI_QOS_BIN=<path>` measures another build of the plugin (before/after).
+//!
+//! `NRI_HOPS_SOAK=<calls>` runs the soak instead: that many CreateContainer
+//! calls, a Synchronize of 1,000 pods / 3,000 containers in four chunks
+//! every 10,000 calls and a reconnect every 100,000, printing the plugin's
+//! RSS at start, end and its maximum (sampled every 1,000 calls).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -250,6 +255,80 @@ fn in_process_stages() {
     });
 }
 
+fn soak(calls: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nri.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let plugin = PluginProcess::external(&sock, dir.path(), &["--log-level", "warn"]);
+    let connect = || {
+        let (mut s, _) = listener.accept().unwrap();
+        register_by_hand(&mut s);
+        s
+    };
+    let mut ps = connect();
+    let create = create_request().write_to_bytes().unwrap();
+    let sync = node_sync();
+    let chunks: Vec<Vec<u8>> = (0..4)
+        .map(|k| {
+            api::SynchronizeRequest {
+                pods: if k == 0 {
+                    sync.pods.clone()
+                } else {
+                    Vec::new()
+                },
+                containers: sync.containers[k * 750..(k + 1) * 750].to_vec(),
+                more: k < 3,
+                ..Default::default()
+            }
+            .write_to_bytes()
+            .unwrap()
+        })
+        .collect();
+    let mut msg = Vec::new();
+    let mut stream_id = 1u32;
+    let mut rpc = |s: &mut UnixStream, method: &str, payload: &[u8]| {
+        s.write_all(&ttrpc_request(stream_id, method, payload.to_vec()))
+            .unwrap();
+        stream_id = stream_id.wrapping_add(2);
+        read_message(s, 1, &mut msg);
+    };
+    for chunk in &chunks {
+        rpc(&mut ps, "Synchronize", chunk);
+    }
+    let start = plugin.rss_kib();
+    let mut max = start;
+    let t = Instant::now();
+    for i in 1..=calls {
+        rpc(&mut ps, "CreateContainer", &create);
+        if i % 10_000 == 0 {
+            for chunk in &chunks {
+                rpc(&mut ps, "Synchronize", chunk);
+            }
+        }
+        if i % 100_000 == 0 {
+            // Hang up first: the plugin dials again only once it sees EOF.
+            drop(ps);
+            ps = connect();
+        }
+        if i % 1_000 == 0 {
+            max = max.max(plugin.rss_kib());
+        }
+    }
+    let end = plugin.rss_kib();
+    println!(
+        "soak: {calls} CreateContainer, {} chunked Synchronizes (1k pods / 3k containers, 4 chunks), {} reconnects in {:.1} s",
+        calls / 10_000 + 1,
+        calls / 100_000,
+        t.elapsed().as_secs_f64()
+    );
+    println!(
+        "  plugin RSS: start {:.1} MiB, end {:.1} MiB, max {:.1} MiB",
+        start as f64 / 1024.0,
+        end as f64 / 1024.0,
+        max as f64 / 1024.0
+    );
+}
+
 /// Answers the plugin's RegisterPlugin on conn 2.
 fn register_by_hand(s: &mut UnixStream) {
     let mut msg = Vec::new();
@@ -272,6 +351,12 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(256);
         return echo_child(&path, reply);
+    }
+    if let Some(calls) = std::env::var("NRI_HOPS_SOAK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return soak(calls);
     }
     in_process_stages();
 

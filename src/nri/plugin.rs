@@ -263,13 +263,38 @@ impl QosPlugin {
         resources_override: Option<&api::LinuxResources>,
     ) -> qos::Decision {
         let pod_facts = convert::pod_from_wire(pod);
+        let policy = self.live().policy;
+        let (decision, record) =
+            self.decide(pod, &pod_facts, container, resources_override, &policy);
+        let mut reg = lock(&self.registry);
+        reg.pods.insert(
+            pod.id.clone(),
+            PodRecord {
+                id: pod.id.clone(),
+                facts: pod_facts,
+            },
+        );
+        reg.containers.insert(container.id.clone(), record);
+        drop(reg);
+        self.notify_changed();
+        decision
+    }
+
+    /// The policy's decision for one container and the record we keep of it.
+    fn decide(
+        &self,
+        pod: &api::PodSandbox,
+        pod_facts: &qos::PodFacts,
+        container: &api::Container,
+        resources_override: Option<&api::LinuxResources>,
+        policy: &PolicyConfig,
+    ) -> (qos::Decision, ContainerRecord) {
         let mut facts = convert::container_from_wire(container);
         if let Some(r) = resources_override {
             facts.resources = convert::resources_from_wire(r);
         }
         let started = Instant::now();
-        let policy = self.live().policy;
-        let decision = decide_or_leave_alone(&pod_facts, &facts, &self.settings.node, &policy);
+        let decision = decide_or_leave_alone(pod_facts, &facts, &self.settings.node, policy);
         debug!(
             pod = %format_args!("{}/{}", pod_facts.namespace, pod_facts.name),
             container = %facts.name,
@@ -307,20 +332,9 @@ impl QosPlugin {
             memory_min: bytes("memory.min"),
             memory_low: bytes("memory.low"),
             oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
-            cgroups_path: facts.cgroups_path.clone(),
+            cgroups_path: facts.cgroups_path,
         };
-        let mut reg = lock(&self.registry);
-        reg.pods.insert(
-            pod.id.clone(),
-            PodRecord {
-                id: pod.id.clone(),
-                facts: pod_facts,
-            },
-        );
-        reg.containers.insert(container.id.clone(), record);
-        drop(reg);
-        self.notify_changed();
-        decision
+        (decision, record)
     }
 
     fn forget_container(&self, id: &str) {
@@ -377,16 +391,27 @@ impl QosPlugin {
         }
     }
 
+    /// Rebuilds the registry from a whole Synchronize: each pod converted
+    /// once, the new registry built aside and swapped in under one lock,
+    /// one change notification.
     fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
         let buf = whole.snapshot;
-        let mut skipped = 0usize;
-        {
-            let mut reg = lock(&self.registry);
-            *reg = Registry::default();
+        let live = self.live();
+        let adjust = self.settings.adjust_existing && !live.dry_run;
+        let mut fresh = Registry::default();
+        fresh.pods.reserve(buf.pods.len());
+        fresh.containers.reserve(buf.containers.len());
+        let mut pods: HashMap<&str, (&api::PodSandbox, PodRecord)> =
+            HashMap::with_capacity(buf.pods.len());
+        for p in &buf.pods {
+            let record = PodRecord {
+                id: p.id.clone(),
+                facts: convert::pod_from_wire(p),
+            };
+            pods.insert(p.id.as_str(), (p, record));
         }
-        let pods: HashMap<&str, &api::PodSandbox> =
-            buf.pods.iter().map(|p| (p.id.as_str(), p)).collect();
         let mut updates = Vec::new();
+        let mut skipped = 0usize;
         for (i, c) in buf.containers.iter().enumerate() {
             // Answer in time with what we have rather than be dropped for
             // being late; the rest is learnt from later events.
@@ -394,16 +419,17 @@ impl QosPlugin {
                 skipped = buf.containers.len() - i;
                 break;
             }
-            let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
+            let Some((pod, pod_record)) = pods.get(c.pod_sandbox_id.as_str()) else {
                 debug!(container = %c.id, "synchronized container without a known pod; skipped");
                 continue;
             };
-            let decision = self.decide_and_record(pod, c, None);
+            let (decision, record) = self.decide(pod, &pod_record.facts, c, None, &live.policy);
+            fresh.containers.insert(c.id.clone(), record);
             let running = matches!(
                 c.state.enum_value(),
                 Ok(api::ContainerState::CONTAINER_RUNNING | api::ContainerState::CONTAINER_CREATED)
             );
-            if !self.settings.adjust_existing || self.dry_run() || !running {
+            if !adjust || !running {
                 continue;
             }
             // oom_score_adj cannot travel in an update; the runtime applies
@@ -412,15 +438,11 @@ impl QosPlugin {
                 updates.push(u);
             }
         }
-        for p in &buf.pods {
-            lock(&self.registry)
-                .pods
-                .entry(p.id.clone())
-                .or_insert_with(|| PodRecord {
-                    id: p.id.clone(),
-                    facts: convert::pod_from_wire(p),
-                });
-        }
+        fresh.pods = pods
+            .into_values()
+            .map(|(_, record)| (record.id.clone(), record))
+            .collect();
+        *lock(&self.registry) = fresh;
         self.notify_changed();
         let mut counters = lock(&self.counters);
         counters.synchronized += buf.containers.len() as u64;
