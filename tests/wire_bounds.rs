@@ -124,6 +124,7 @@ async fn a_peer_that_never_reads_answers_cannot_grow_memory() {
         peak = peak.max(status_kib(pid, "VmRSS:"));
     }
     let hwm = status_kib(pid, "VmHWM:");
+    eprintln!("unread answers: plugin peak {hwm} KiB");
     assert!(plugin.is_running(), "{}", plugin.log_text());
     assert!(
         hwm < 16 * 1024,
@@ -179,6 +180,7 @@ async fn synchronize_reassembly_is_bounded_in_bytes_and_answers_in_time() {
     let mut s = accept(&listener, true).await;
     s.handshake(true).await;
     let (hwm, last) = flood_sync(&s, plugin.child.id()).await;
+    eprintln!("140 MiB of chunks: plugin peak {hwm} KiB, last chunk answered in {last:?}");
     assert!(plugin.is_running(), "{}", plugin.log_text());
     assert!(
         hwm < 100 * 1024,
@@ -212,6 +214,7 @@ async fn audit_reassembly_is_bounded_too() {
     let mut s = accept(&listener, true).await;
     s.handshake(true).await;
     let (hwm, _) = flood_sync(&s, audit.id()).await;
+    eprintln!("140 MiB of chunks: audit peak {hwm} KiB");
     let _ = audit.kill();
     let _ = audit.wait();
     assert!(

@@ -392,12 +392,14 @@ impl QosPlugin {
     }
 
     /// Rebuilds the registry from a whole Synchronize: each pod converted
-    /// once, the new registry built aside and swapped in under one lock,
-    /// one change notification.
+    /// once, the new registry filled without the lock and put in place at
+    /// once, one change notification.
     fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
         let buf = whole.snapshot;
         let live = self.live();
         let adjust = self.settings.adjust_existing && !live.dry_run;
+        // The old registry goes first, so the two never coexist at the peak.
+        drop(std::mem::take(&mut *lock(&self.registry)));
         let mut fresh = Registry::default();
         fresh.pods.reserve(buf.pods.len());
         fresh.containers.reserve(buf.containers.len());
