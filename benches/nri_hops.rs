@@ -24,7 +24,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
-use common::{container, pod, PluginProcess};
+use common::{container, frame, pod, PluginProcess};
 use nri_qos::nri::proto::api;
 use nri_qos::nri::proto::api_ttrpc::Plugin;
 use protobuf::Message;
@@ -32,13 +32,6 @@ use ttrpc::MessageHeader;
 
 const ROUNDS: usize = 6;
 const CALLS_PER_ROUND: usize = 2_000;
-
-fn frame(conn: u32, payload: &[u8]) -> Vec<u8> {
-    let mut f = conn.to_be_bytes().to_vec();
-    f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
 
 /// Reads one mux frame; returns its conn.
 fn read_frame(s: &mut UnixStream, buf: &mut Vec<u8>) -> u32 {

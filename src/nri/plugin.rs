@@ -595,7 +595,6 @@ impl Plugin for QosPlugin {
         req: api::SynchronizeRequest,
     ) -> ttrpc::Result<api::SynchronizeResponse> {
         let timeout = request_timeout(ctx);
-        let more = req.more;
         let whole = lock(&self.sync).push(req, timeout, Instant::now());
         let Some(whole) = whole else {
             // Every chunk but the last must be answered with more=true and no
@@ -605,7 +604,6 @@ impl Plugin for QosPlugin {
                 ..Default::default()
             });
         };
-        debug_assert!(!more);
         let update = self.finish_sync(whole);
         release_freed_memory();
         Ok(api::SynchronizeResponse {
