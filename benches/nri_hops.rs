@@ -308,12 +308,7 @@ fn soak(calls: usize) {
         }
     }
     let end = plugin.rss_kib();
-    let hwm = std::fs::read_to_string(format!("/proc/{}/status", plugin.child.id()))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
+    let hwm = plugin.status_value("VmHWM") as f64;
     println!(
         "soak: {calls} CreateContainer, {} chunked Synchronizes (1k pods / 3k containers, 4 chunks), {} reconnects in {:.1} s",
         calls / 10_000 + 1,

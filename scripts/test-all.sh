@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every nri-qos test on a fresh machine: lint, unit/property/protocol
 # tests, the proto conformance test against Debian's containerd/nri, and the
-# end-to-end tests with real containerd 1.7.24 and 2.1.9 in a qemu VM.
+# end-to-end tests with real containerd 1.7.24 and 2.1.9 and CRI-O 1.37 (from
+# ../shared/tools/bin beside the repository) in a qemu VM.
 # Installs what it needs itself. Set NRI_QOS_E2E=0 to skip the VM tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."

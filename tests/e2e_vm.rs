@@ -1,5 +1,5 @@
 //! `cargo test` entry point for the qemu e2e suite (tests/e2e/run.sh), which
-//! boots the real containerd 1.7 and 2.1 in a VM and checks the cgroup values
+//! boots the real containerd 1.7 and 2.1 and CRI-O in a VM and checks the cgroup values
 //! the kernel really holds. It needs qemu and a few minutes, so it only runs
 //! when `NRI_QOS_E2E=1` (CI sets it); otherwise each test prints a skip notice.
 //!
@@ -27,6 +27,11 @@ static VM: Mutex<()> = Mutex::new(());
 const ALL_SCENARIOS: &str = "basic,memoryqos,kubelet,pagecache,eviction";
 
 fn run_e2e(containerd: &str, default_plugin: &str, default_scenarios: &str) {
+    run_e2e_with(containerd, default_plugin, default_scenarios, &[]);
+}
+
+/// `run_e2e` with extra `run.sh` arguments (e.g. `--crictl`).
+fn run_e2e_with(containerd: &str, default_plugin: &str, default_scenarios: &str, extra: &[&str]) {
     if std::env::var("NRI_QOS_E2E").as_deref() != Ok("1") {
         // Written to the stderr handle directly: libtest captures eprintln!, and a
         // skip should be visible in a plain `cargo test`.
@@ -52,6 +57,7 @@ fn run_e2e(containerd: &str, default_plugin: &str, default_scenarios: &str) {
         .args(["--plugin", &plugin])
         .args(["--scenario", &scenarios])
         .args(["--timing-pods", &timing_pods])
+        .args(extra)
         // The binary this `cargo test` built, not whichever of target/{debug,release} is newer.
         .env(
             "NRI_QOS_BIN",
@@ -72,12 +78,31 @@ fn run_e2e(containerd: &str, default_plugin: &str, default_scenarios: &str) {
 
 #[test]
 fn e2e_containerd_1_7() {
-    run_e2e("1.7", "external", ALL_SCENARIOS);
+    run_e2e_with("1.7", "external", ALL_SCENARIOS, &["--crictl"]);
 }
 
 #[test]
 fn e2e_containerd_2_1() {
-    run_e2e("2.1", "prelaunched", ALL_SCENARIOS);
+    run_e2e_with("2.1", "prelaunched", ALL_SCENARIOS, &["--crictl"]);
+}
+
+/// CRI-O (NRI v0.12) with the plugin pre-launched: every scenario, the
+/// resilience sequence and the crictl pods. Skipped, with what is missing,
+/// when ../shared/tools/bin has no crio/pinns (NRI_QOS_CRIO, NRI_QOS_PINNS).
+#[test]
+fn e2e_crio() {
+    run_e2e_with("crio", "prelaunched", ALL_SCENARIOS, &["--crictl"]);
+}
+
+/// CRI-O with the external plugin: `basic` and the external resilience
+/// sequence (plugin killed; CRI-O restarted under it: it reconnects).
+#[test]
+fn e2e_crio_external() {
+    if std::env::var_os("NRI_QOS_E2E_PLUGIN").is_some() {
+        // Overridden mode: e2e_crio already runs it.
+        return;
+    }
+    run_e2e("crio", "external", "basic");
 }
 
 /// NRI v0.6.1 never synchronizes a pre-launched plugin: one scenario, then

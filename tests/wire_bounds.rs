@@ -14,16 +14,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use ttrpc::MessageHeader;
 
-/// `VmRSS:` or `VmHWM:` of a process, in KiB.
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 fn ttrpc_message(header: MessageHeader, body: &[u8]) -> Vec<u8> {
     let mut m: Vec<u8> = header.into();
     m.extend_from_slice(body);
@@ -86,7 +76,6 @@ async fn a_peer_that_never_reads_answers_cannot_grow_memory() {
     }
     .write_to_bytes()
     .unwrap();
-    let pid = plugin.child.id();
     let writer = tokio::spawn(async move {
         let mut sent = 0u32;
         let mut batch = Vec::new();
@@ -121,9 +110,9 @@ async fn a_peer_that_never_reads_answers_cannot_grow_memory() {
     let mut peak = 0;
     while !writer.is_finished() && started.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        peak = peak.max(status_kib(pid, "VmRSS:"));
+        peak = peak.max(plugin.rss_kib());
     }
-    let hwm = status_kib(pid, "VmHWM:");
+    let hwm = plugin.status_value("VmHWM");
     eprintln!("unread answers: plugin peak {hwm} KiB");
     assert!(plugin.is_running(), "{}", plugin.log_text());
     assert!(
@@ -147,7 +136,7 @@ fn fat_chunk(i: usize, bytes: usize) -> api::SynchronizeRequest {
 /// Sends 40 chunks of 3.5 MiB (140 MiB, more than the 64 MiB budget), then
 /// the last chunk; returns the peer's peak RSS before the last chunk and
 /// how long the last chunk took to be answered.
-async fn flood_sync(s: &PeerSession, pid: u32) -> (u64, Duration) {
+async fn flood_sync(s: &PeerSession, process: &PluginProcess) -> (u64, Duration) {
     for i in 0..40 {
         let r = s
             .plugin
@@ -156,7 +145,7 @@ async fn flood_sync(s: &PeerSession, pid: u32) -> (u64, Duration) {
             .expect("every chunk is answered");
         assert!(r.more && r.update.is_empty());
     }
-    let hwm = status_kib(pid, "VmHWM:");
+    let hwm = process.status_value("VmHWM");
     let last = api::SynchronizeRequest {
         pods: vec![pod("p0", "/kubepods/burstable/podp0")],
         ..Default::default()
@@ -179,7 +168,7 @@ async fn synchronize_reassembly_is_bounded_in_bytes_and_answers_in_time() {
     let mut plugin = PluginProcess::external(&sock, dir.path(), &["--log-level", "warn"]);
     let mut s = accept(&listener, true).await;
     s.handshake(true).await;
-    let (hwm, last) = flood_sync(&s, plugin.child.id()).await;
+    let (hwm, last) = flood_sync(&s, &plugin).await;
     eprintln!("140 MiB of chunks: plugin peak {hwm} KiB, last chunk answered in {last:?}");
     assert!(plugin.is_running(), "{}", plugin.log_text());
     assert!(
@@ -200,26 +189,22 @@ async fn audit_reassembly_is_bounded_too() {
     let dir = tempfile::tempdir().unwrap();
     let sock = socket_in(&dir);
     let listener = UnixListener::bind(&sock).unwrap();
-    let log = dir.path().join("audit.log");
-    // NRI_QOS_BIN: another build, as for PluginProcess.
+    // NRI_QOS_BIN: another build, as for PluginProcess::external.
     let bin =
         std::env::var_os("NRI_QOS_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_nri-qos").into());
-    let mut audit = std::process::Command::new(bin)
-        .args(["audit", "--timeout-seconds", "60", "--socket"])
-        .arg(&sock)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let args: Vec<&std::ffi::OsStr> = ["audit", "--timeout-seconds", "60", "--socket"]
+        .iter()
+        .map(std::ffi::OsStr::new)
+        .chain([sock.as_os_str()])
+        .collect();
+    let audit = PluginProcess::spawn(bin.as_ref(), &args, &dir.path().join("audit.log"));
     let mut s = accept(&listener, true).await;
     s.handshake(true).await;
-    let (hwm, _) = flood_sync(&s, audit.id()).await;
+    let (hwm, _) = flood_sync(&s, &audit).await;
     eprintln!("140 MiB of chunks: audit peak {hwm} KiB");
-    let _ = audit.kill();
-    let _ = audit.wait();
     assert!(
         hwm < 100 * 1024,
         "audit held {hwm} KiB for 140 MiB of chunks: {}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        audit.log_text()
     );
 }

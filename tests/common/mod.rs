@@ -33,27 +33,39 @@ pub struct PluginProcess {
 impl PluginProcess {
     /// External mode: the plugin dials `socket`.
     pub fn external(socket: &Path, dir: &Path, extra: &[&str]) -> Self {
-        let log = dir.join("plugin.log");
         // NRI_QOS_BIN: another build of the plugin, for A/B benchmarks.
         let bin =
             std::env::var_os("NRI_QOS_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_nri-qos").into());
+        let mut args = vec![
+            std::ffi::OsStr::new("run"),
+            "--socket".as_ref(),
+            socket.as_os_str(),
+        ];
+        let extra = if extra.is_empty() {
+            &["--log-level", "nri_qos=debug"][..]
+        } else {
+            extra
+        };
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        Self::spawn(bin.as_ref(), &args, &dir.join("plugin.log"))
+    }
+
+    /// Any plugin binary (the benchmark's Go stub too), stderr to `log`, with
+    /// no NRI_PLUGIN_* from our environment to mistake for a launch.
+    pub fn spawn(bin: &Path, args: &[&std::ffi::OsStr], log: &Path) -> Self {
         let child = Command::new(bin)
-            .arg("run")
-            .arg("--socket")
-            .arg(socket)
-            .args(if extra.is_empty() {
-                &["--log-level", "nri_qos=debug"][..]
-            } else {
-                extra
-            })
+            .args(args)
             .env_remove("NRI_PLUGIN_SOCKET")
             .env_remove("NRI_PLUGIN_NAME")
             .env_remove("NRI_PLUGIN_IDX")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
+            .stderr(std::fs::File::create(log).expect("log file"))
             .spawn()
-            .expect("spawn nri-qos");
-        PluginProcess { child, log }
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+        PluginProcess {
+            child,
+            log: log.to_path_buf(),
+        }
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -62,11 +74,16 @@ impl PluginProcess {
 
     /// Resident set size of the plugin in KiB.
     pub fn rss_kib(&self) -> u64 {
+        self.status_value("VmRSS")
+    }
+
+    /// A numeric field of `/proc/<pid>/status` (KiB for memory), 0 if absent.
+    pub fn status_value(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .unwrap_or_default();
         status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap_or(0)
     }

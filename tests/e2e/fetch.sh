@@ -2,7 +2,7 @@
 # Fetch (once) everything the e2e VM needs and cache it under tests/e2e/cache/.
 #
 # Host tools come from the machine's own apt sources. The guest payload
-# (kernel, containerd 1.7.24 and 2.1.9, runc 1.1.15) comes from Debian through a
+# (kernel, containerd 1.7.24 and 2.1.9, runc 1.1.15, conmon 2.1.x) comes from Debian through a
 # PRIVATE apt configuration, so the machine's own sources and lists stay
 # untouched. The mirror host is read from the machine's /etc/apt at run time.
 set -euo pipefail
@@ -19,6 +19,9 @@ CTRD21_SUITE=forky
 CTRD21_VERSION=2.1.9
 RUNC_SUITE=trixie
 RUNC_VERSION=1.1.15
+# CRI-O's monitor (CRI-O itself is not packaged: ../shared/tools/bin/crio.xz)
+CONMON_SUITE=trixie
+CONMON_VERSION=2.1
 
 log() { echo "fetch: $*" >&2; }
 
@@ -140,7 +143,10 @@ main() {
     # libc and libseccomp, which also run the older-glibc binaries (containerd, ours).
     get_deb libc6 "$RUNC_SUITE" "" libc6
     get_deb libseccomp2 "$RUNC_SUITE" "" libseccomp2
-    for n in containerd-1.7 containerd-2.1 runc libc6 libseccomp2 busybox-static; do extract "$n"; done
+    # conmon (CRI-O only) needs glib >= 2.78: trixie's, like the libc.
+    get_deb conmon "$CONMON_SUITE" "$CONMON_VERSION" conmon
+    get_deb libglib2.0-0t64 "$CONMON_SUITE" "" libglib2.0
+    for n in containerd-1.7 containerd-2.1 runc libc6 libseccomp2 busybox-static conmon libglib2.0; do extract "$n"; done
     log "ok: $(cd "$CACHE" && ls -d vmlinuz root-*)"
 }
 

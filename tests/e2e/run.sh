@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# End-to-end harness: boots the real containerd (1.7.24 and/or 2.1.9) with runc
-# in a small qemu VM (cgroup v2), runs scenarios through the CRI, and checks what
-# the kernel really holds. See tests/e2e/README.md.
+# End-to-end harness: boots the real containerd (1.7.24 and/or 2.1.9) or CRI-O
+# with runc in a small qemu VM (cgroup v2), runs scenarios through the CRI, and
+# checks what the kernel really holds. See tests/e2e/README.md.
 #
-#   tests/e2e/run.sh [--containerd 1.7|2.1|all] [--scenario NAME[,NAME...]]
+#   tests/e2e/run.sh [--containerd 1.7|2.1|crio|all] [--scenario NAME[,NAME...]]
 #                    [--plugin prelaunched|external|none] [--timing-pods N]
+#                    [--crictl]            (also drive pods with crictl)
 #                    [--overhead-pods N]   (external plugin: N pods without and N
 #                                           with it, alternating rounds, one VM)
 #                    [--pressure-bench]    (no runtime: tests/e2e/pressure/run.sh
@@ -28,9 +29,10 @@ scenarios=(basic memoryqos kubelet pagecache eviction)
 plugin=none
 timing_pods=3
 pressure_bench=0
+crictl=0
 
 usage() {
-    sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -38,9 +40,9 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --containerd)
         case "${2:-}" in
-        1.7 | 2.1) versions=("$2") ;;
+        1.7 | 2.1 | crio) versions=("$2") ;;
         all) versions=(1.7 2.1) ;;
-        *) echo "run.sh: --containerd must be 1.7, 2.1 or all" >&2; exit 2 ;;
+        *) echo "run.sh: --containerd must be 1.7, 2.1, crio or all" >&2; exit 2 ;;
         esac
         shift 2 ;;
     --scenario)
@@ -52,6 +54,9 @@ while [ $# -gt 0 ]; do
         *) echo "run.sh: --plugin must be prelaunched, external or none" >&2; exit 2 ;;
         esac
         shift 2 ;;
+    --crictl)
+        crictl=1
+        shift ;;
     --timing-pods)
         timing_pods="${2:?}"
         shift 2 ;;
@@ -107,11 +112,58 @@ mkdir -p "$WORK"
 # cargo test rebuilds it dynamically in place: keep our own copy.
 cmp -s "$TARGET/debug/examples/memhog" "$WORK/memhog" || cp "$TARGET/debug/examples/memhog" "$WORK/memhog"
 
+# --- tools Debian does not package (../shared/tools/README.md) --------------------
+# Path of tool $1: the file named by variable $2 (a binary or its .xz), else
+# the shared copy beside the repository; an .xz is unpacked into $WORK/tools.
+# Prints nothing when neither exists.
+tool() {
+    local name="$1" src="${!2:-}" out="$WORK/tools/$1"
+    [ -n "$src" ] || src="$ROOT/../shared/tools/bin/$name.xz"
+    [ -f "$src" ] || return 0
+    case "$src" in
+    *.xz)
+        mkdir -p "$WORK/tools"
+        if ! [ "$out" -nt "$src" ]; then
+            xz -dc "$src" >"$out.tmp" && chmod 755 "$out.tmp" && mv "$out.tmp" "$out"
+        fi
+        echo "$out" ;;
+    *) echo "$src" ;;
+    esac
+}
+# Why tool $1 is missing, for the skip notice.
+missing() {
+    if [ -n "${!2:-}" ]; then
+        echo "$1 ($2=${!2} does not exist)"
+    else
+        echo "$1 (set $2 or provide $ROOT/../shared/tools/bin/$1.xz)"
+    fi
+}
+
+CRICTL=""
+has_crio=0
+[[ " ${versions[*]} " != *" crio "* ]] || has_crio=1
+if [ "$crictl" = 1 ] || [ "$has_crio" = 1 ]; then
+    CRICTL="$(tool crictl NRI_QOS_CRICTL)"
+    [ -n "$CRICTL" ] || [ "$crictl" = 0 ] || log "SKIP the crictl scenario: missing $(missing crictl NRI_QOS_CRICTL)"
+fi
+CRIO="" PINNS="" CRIO_MISSING=""
+if [ "$has_crio" = 1 ]; then
+    CRIO="$(tool crio NRI_QOS_CRIO)"
+    PINNS="$(tool pinns NRI_QOS_PINNS)"
+    [ -n "$CRIO" ] || CRIO_MISSING="$(missing crio NRI_QOS_CRIO)"
+    [ -n "$PINNS" ] || CRIO_MISSING="${CRIO_MISSING:+$CRIO_MISSING; }$(missing pinns NRI_QOS_PINNS)"
+    # the CRI-O guest pulls its images with crictl
+    [ -n "$CRICTL" ] || CRIO_MISSING="${CRIO_MISSING:+$CRIO_MISSING; }$(missing crictl NRI_QOS_CRICTL)"
+    # CRI-O has no image import: the guest serves the image from its loopback.
+    log "building the oci-registry example (CRI-O pulls from it)"
+    (cd "$ROOT" && cargo build --quiet --example oci-registry)
+fi
+
 # --- image: an OCI layout tar with one busybox layer ----------------------------
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 build_image() {
     local out="$WORK/images/busybox.tar" d="$WORK/image"
-    [ -s "$out" ] && [ "$out" -nt "$BUSYBOX" ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && [ "$out" -nt "$WORK/memhog" ] && return
+    [ -s "$out" ] && [ -f "$d/oci/index.json" ] && [ "$out" -nt "$BUSYBOX" ] && [ "$out" -nt "${BASH_SOURCE[0]}" ] && [ "$out" -nt "$WORK/memhog" ] && return
     rm -rf "$d" && mkdir -p "$d/layer/bin" "$d/oci/blobs/sha256" "$WORK/images"
     cp "$BUSYBOX" "$d/layer/bin/busybox"
     cp "$WORK/memhog" "$d/layer/bin/memhog"
@@ -199,8 +251,55 @@ state = "/run/containerd"
 EOF
 }
 
+# CRI-O: cgroupfs, vfs storage, runc with Debian's conmon, no infra container
+# for host-network pods; [crio.nri] comes from config/crio/ as a drop-in.
+config_crio() {
+    cat <<'EOF'
+[crio]
+root = "/var/lib/containers/storage"
+runroot = "/run/containers/storage"
+storage_driver = "vfs"
+log_dir = "/var/log/crio/pods"
+[crio.api]
+listen = "/var/run/crio/crio.sock"
+[crio.runtime]
+default_runtime = "runc"
+cgroup_manager = "cgroupfs"
+pinns_path = "/usr/bin/pinns"
+apparmor_profile = "unconfined"
+selinux = false
+# no iptables/nft in the guest; host-network pods need no port mapping
+disable_hostport_mapping = true
+[crio.runtime.runtimes.runc]
+runtime_path = "/usr/bin/runc"
+runtime_type = "oci"
+runtime_root = "/run/runc"
+monitor_path = "/usr/bin/conmon"
+monitor_cgroup = "pod"
+[crio.image]
+pause_image = "registry.k8s.io/pause:3.10"
+signature_policy = "/etc/crio/policy.json"
+EOF
+}
+
+# Both image names the tests use resolve to the guest's own registry.
+registries_conf() {
+    cat <<'EOF'
+unqualified-search-registries = []
+[[registry]]
+prefix = "e2e.local"
+location = "127.0.0.1:5000"
+insecure = true
+[[registry]]
+prefix = "registry.k8s.io"
+location = "127.0.0.1:5000"
+insecure = true
+EOF
+}
+
 # --- initramfs ------------------------------------------------------------------
-GUEST_LIBS=("$CACHE/root-libc6/usr/lib/x86_64-linux-gnu" "$CACHE/root-libseccomp2/usr/lib/x86_64-linux-gnu")
+GUEST_LIBS=("$CACHE/root-libc6/usr/lib/x86_64-linux-gnu" "$CACHE/root-libseccomp2/usr/lib/x86_64-linux-gnu"
+    "$CACHE/root-libglib2.0/usr/lib/x86_64-linux-gnu")
 # Copy the shared libraries binary $1 needs into rootfs $2, preferring the guest
 # (trixie) libc set; anything else (e.g. libgcc_s for Rust binaries) from the host.
 copy_libs() {
@@ -212,7 +311,7 @@ copy_libs() {
         for d in "${GUEST_LIBS[@]}"; do [ -e "$d/$name" ] && src="$d/$name" && break; done
         [ -n "$src" ] || src="$lib"
         cp -L "$src" "$r/lib/x86_64-linux-gnu/$name"
-    done < <(ldd "$bin" 2>/dev/null | awk '$3 ~ /^\// {print $3}')
+    done < <(LD_LIBRARY_PATH="${GUEST_LIBS[2]}" ldd "$bin" 2>/dev/null | awk '$3 ~ /^\// {print $3}')
 }
 
 build_initramfs() {
@@ -228,8 +327,23 @@ build_initramfs() {
     done
     cp "$HERE/guest/init" "$r/init"
     cp "$HERE/guest/guest.sh" "$r/e2e/guest.sh"
+    cp "$HERE/guest/crictl.sh" "$r/e2e/crictl.sh"
     chmod 755 "$r/init" "$r/e2e/guest.sh"
-    cp "$cr/usr/bin/containerd" "$cr/usr/bin/containerd-shim-runc-v2" "$cr/usr/bin/ctr" "$r/usr/bin/"
+    if [ "$ver" = crio ]; then
+        cp "$CRIO" "$r/usr/bin/crio"
+        cp "$PINNS" "$r/usr/bin/pinns"
+        cp "$CACHE/root-conmon/usr/bin/conmon" "$r/usr/bin/conmon"
+        cp "$TARGET/debug/examples/oci-registry" "$r/e2e/bin/oci-registry"
+        cp -r "$WORK/image/oci" "$r/e2e/images/oci"
+        mkdir -p "$r/etc/crio/crio.conf.d" "$r/etc/containers"
+        config_crio >"$r/etc/crio/crio.conf"
+        cp "$ROOT/config/crio/10-nri-qos.conf" "$r/etc/crio/crio.conf.d/"
+        echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$r/etc/crio/policy.json"
+        registries_conf >"$r/etc/containers/registries.conf"
+    else
+        cp "$cr/usr/bin/containerd" "$cr/usr/bin/containerd-shim-runc-v2" "$cr/usr/bin/ctr" "$r/usr/bin/"
+    fi
+    [ -z "$CRICTL" ] || cp "$CRICTL" "$r/usr/bin/crictl"
     cp "$CACHE/root-runc/usr/sbin/runc" "$r/usr/bin/runc"
     # the guest's loader and libc come from trixie (runc needs GLIBC_2.38)
     cp -L "$CACHE/root-libc6/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$r/lib64/"
@@ -257,6 +371,8 @@ build_initramfs() {
     printf 'root:x:0:\n' >"$r/etc/group"
     {
         echo "E2E_CONTAINERD=$ver"
+        echo "E2E_RUNTIME=$([ "$ver" = crio ] && echo crio || echo containerd)"
+        echo "E2E_CRICTL=$([ -n "$CRICTL" ] && [ "$crictl" = 1 ] && echo 1 || echo 0)"
         echo "E2E_PLUGIN=$plugin"
         echo "E2E_RESILIENCE=${E2E_RESILIENCE:-0}"
         echo "E2E_OVERHEAD_PODS=${E2E_OVERHEAD_PODS:-0}"
@@ -334,6 +450,12 @@ total_fail=0
 summary=()
 for ver in "${versions[@]}"; do
     name="containerd-$ver/${plugin}/$(IFS=,; echo "${scenarios[*]}")"
+    [ "$ver" != crio ] || name="crio/${plugin}/$(IFS=,; echo "${scenarios[*]}")"
+    if [ "$ver" = crio ] && [ -n "$CRIO_MISSING" ]; then
+        log "[$name] SKIP: missing $CRIO_MISSING"
+        summary+=("SKIP $name (missing $CRIO_MISSING)")
+        continue
+    fi
     initrd="$WORK/initramfs-$ver.cpio"
     consolef="$WORK/console-$ver-$plugin.log"
     t0=$(date +%s.%N)

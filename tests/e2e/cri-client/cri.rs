@@ -137,6 +137,10 @@ pub struct ContainerMetadata {
 pub struct ImageSpec {
     #[prost(string, tag = "1")]
     pub image: String,
+    /// The name as the user wrote it (the kubelet sends it); CRI-O refuses
+    /// CreateContainer without it ("cannot verify image signature").
+    #[prost(string, tag = "18")]
+    pub user_specified_image: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -221,6 +225,15 @@ pub struct CreateContainerRequest {
 pub struct CreateContainerResponse {
     #[prost(string, tag = "1")]
     pub container_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StopContainerRequest {
+    #[prost(string, tag = "1")]
+    pub container_id: String,
+    /// seconds before SIGKILL
+    #[prost(int64, tag = "2")]
+    pub timeout: i64,
 }
 
 /// Start/Remove container requests share this shape (`container_id = 1`).
@@ -381,7 +394,23 @@ impl RuntimeClient {
         Ok(r.pod_sandbox_id)
     }
 
+    /// Stops the pod as the kubelet does: its containers first (StopContainer,
+    /// no grace period), then the sandbox. containerd's StopPodSandbox kills
+    /// the containers itself; CRI-O's waits out their stop timeout first.
     pub async fn stop_pod_sandbox(&mut self, id: &str) -> Result<()> {
+        for c in self.list_containers().await? {
+            if c.pod_sandbox_id == id && c.state != CONTAINER_EXITED {
+                let _: Empty = self
+                    .unary(
+                        "/runtime.v1.RuntimeService/StopContainer",
+                        StopContainerRequest {
+                            container_id: c.id,
+                            timeout: 0,
+                        },
+                    )
+                    .await?;
+            }
+        }
         let _: Empty = self
             .unary(
                 "/runtime.v1.RuntimeService/StopPodSandbox",

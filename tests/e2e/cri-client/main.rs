@@ -43,8 +43,12 @@ const CGROUP_FILES: &[&str] = &[
 #[derive(Parser)]
 #[command(about = "CRI v1 client for the nri-qos e2e VM")]
 struct Cli {
-    /// containerd's CRI socket
-    #[arg(long, default_value = "/run/containerd/containerd.sock")]
+    /// the runtime's CRI socket (CRI-O: /var/run/crio/crio.sock)
+    #[arg(
+        long,
+        env = "E2E_CRI_SOCKET",
+        default_value = "/run/containerd/containerd.sock"
+    )]
     socket: String,
     /// keep retrying the first connection for this many seconds
     #[arg(long, default_value_t = 60)]
@@ -403,7 +407,7 @@ fn sandbox_config(pod: &PodSpec) -> Result<PodSandboxConfig> {
         }),
         // hostNetwork pods share the node's UTS namespace: the kubelet sends no hostname
         hostname: String::new(),
-        log_directory: format!("/var/log/pods/{}_{}_{}", pod.namespace, pod.name, pod.uid),
+        log_directory: pod_log_dir(pod),
         dns_config: Some(DnsConfig::default()),
         labels,
         annotations: pod.annotations.clone(),
@@ -428,7 +432,15 @@ fn host_net() -> NamespaceOption {
     }
 }
 
+fn pod_log_dir(pod: &PodSpec) -> String {
+    format!("/var/log/pods/{}_{}_{}", pod.namespace, pod.name, pod.uid)
+}
+
 fn container_config(pod: &PodSpec, c: &ContainerSpec) -> Result<ContainerConfig> {
+    // The kubelet creates the container's log directory; containerd would
+    // create it too, CRI-O's conmon does not (CreateContainer: exit status 1).
+    let log_dir = format!("{}/{}", pod_log_dir(pod), c.name);
+    std::fs::create_dir_all(&log_dir).with_context(|| format!("mkdir {log_dir}"))?;
     let mut labels = c.labels.clone();
     labels.insert("io.kubernetes.container.name".into(), c.name.clone());
     labels.insert("io.kubernetes.pod.name".into(), pod.name.clone());
@@ -439,8 +451,12 @@ fn container_config(pod: &PodSpec, c: &ContainerSpec) -> Result<ContainerConfig>
             name: c.name.clone(),
             attempt: 0,
         }),
-        image: Some(ImageSpec {
-            image: c.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into()),
+        image: Some({
+            let image = c.image.clone().unwrap_or_else(|| DEFAULT_IMAGE.into());
+            ImageSpec {
+                user_specified_image: image.clone(),
+                image,
+            }
         }),
         command: c.command.clone(),
         args: vec![],

@@ -72,6 +72,20 @@ prelaunched)
     ;;
 esac
 
+# The runtime under test: containerd or CRI-O (E2E_RUNTIME, from run.sh).
+E2E_RUNTIME="${E2E_RUNTIME:-containerd}"
+if [ "$E2E_RUNTIME" = crio ]; then
+    CRI_SOCKET=/var/run/crio/crio.sock
+    RUNTIME_MATCH='crio --config'
+    RUNTIME_LOG=/var/log/crio.log
+    start_runtime() { crio --config /etc/crio/crio.conf >>"$RUNTIME_LOG" 2>&1 & }
+else
+    CRI_SOCKET=/run/containerd/containerd.sock
+    RUNTIME_MATCH='containerd --config'
+    RUNTIME_LOG=/var/log/containerd.log
+    start_runtime() { containerd --config /etc/containerd/config.toml >>"$RUNTIME_LOG" 2>&1 & }
+fi
+
 # The pid of a process whose command line contains $1 (busybox has no pgrep -f).
 pid_of() {
     for d in /proc/[0-9]*; do
@@ -114,26 +128,53 @@ if [ "${E2E_DISK:-0}" = 1 ]; then
     fi
 fi
 
-containerd --version
-info "starting containerd"
-containerd --config /etc/containerd/config.toml >/var/log/containerd.log 2>&1 &
-i=0
-while [ ! -S /run/containerd/containerd.sock ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
-if [ ! -S /run/containerd/containerd.sock ]; then
-    check containerd.start FAIL "no socket after 60 s"
-    tail -n 50 /var/log/containerd.log
-    finish 1
-fi
-check containerd.start PASS "socket up at t=$(uptime_s)s"
+# crictl (and the CRI client) find the runtime through these.
+printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 120\n' "$CRI_SOCKET" "$CRI_SOCKET" >/etc/crictl.yaml
+export E2E_CRI_SOCKET="$CRI_SOCKET"
 
-for img in /e2e/images/*.tar; do
-    if ! out="$(ctr -n k8s.io images import --local --snapshotter native "$img" 2>&1)"; then
-        # ctr 1.7 may not know --local
-        out="$(ctr -n k8s.io images import --snapshotter native "$img" 2>&1)" ||
-            { check "image.import" FAIL "$img: $out"; finish 1; }
+if [ "$E2E_RUNTIME" = crio ]; then
+    # CRI-O pulls through containers/image: the image comes from a registry
+    # on the guest's loopback (registries.conf maps both names there).
+    mkdir -p /var/tmp # containers/image stages pulls there
+    /e2e/bin/oci-registry /e2e/images/oci 127.0.0.1:5000 >/var/log/oci-registry.log 2>&1 &
+    crio --version | head -n 1
+    info "starting CRI-O"
+    start_runtime
+    i=0
+    # the socket appears before CRI-O's last start-up checks: ask it
+    while ! crictl --timeout 5s version >/dev/null 2>&1 && [ $i -lt 120 ]; do sleep 0.5; i=$((i + 1)); done
+    if ! crictl --timeout 5s version >/dev/null 2>&1; then
+        check crio.start FAIL "no CRI answer after 120 s"
+        tail -n 50 "$RUNTIME_LOG"
+        finish 1
     fi
-done
-info "images: $(ctr -n k8s.io images ls -q | tr '\n' ' ')"
+    check crio.start PASS "socket up at t=$(uptime_s)s"
+    for img in e2e.local/busybox:latest registry.k8s.io/pause:3.10; do
+        out="$(crictl pull "$img" 2>&1)" || { check image.pull FAIL "$img: $out"; tail -n 20 "$RUNTIME_LOG"; finish 1; }
+    done
+    info "images: $(crictl images -q | tr '\n' ' ')"
+else
+    containerd --version
+    info "starting containerd"
+    start_runtime
+    i=0
+    while [ ! -S /run/containerd/containerd.sock ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+    if [ ! -S /run/containerd/containerd.sock ]; then
+        check containerd.start FAIL "no socket after 60 s"
+        tail -n 50 /var/log/containerd.log
+        finish 1
+    fi
+    check containerd.start PASS "socket up at t=$(uptime_s)s"
+
+    for img in /e2e/images/*.tar; do
+        if ! out="$(ctr -n k8s.io images import --local --snapshotter native "$img" 2>&1)"; then
+            # ctr 1.7 may not know --local
+            out="$(ctr -n k8s.io images import --snapshotter native "$img" 2>&1)" ||
+                { check "image.import" FAIL "$img: $out"; finish 1; }
+        fi
+    done
+    info "images: $(ctr -n k8s.io images ls -q | tr '\n' ' ')"
+fi
 
 i=0
 while [ ! -S /var/run/nri/nri.sock ] && [ $i -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
@@ -234,14 +275,15 @@ for s in $E2E_SCENARIOS; do
     info "scenario $s: end"
 done
 
-# Stops containerd (its shims and containers keep running, as on a node) and
-# starts it again; returns once its NRI socket is back.
+# Stops the runtime (containerd's shims or CRI-O's conmons and the containers
+# keep running, as on a node) and starts it again; returns once its NRI
+# socket is back.
 restart_containerd() {
-    kill "$(pid_of 'containerd --config')" 2>/dev/null
+    kill "$(pid_of "$RUNTIME_MATCH")" 2>/dev/null
     i=0
-    while pid_of 'containerd --config' >/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    while pid_of "$RUNTIME_MATCH" >/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
     rm -f /var/run/nri/nri.sock
-    containerd --config /etc/containerd/config.toml >>/var/log/containerd.log 2>&1 &
+    start_runtime
     i=0
     while [ ! -S /var/run/nri/nri.sock ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
 }
@@ -267,9 +309,10 @@ relaunch_plugin() {
 }
 
 # Pods created while no plugin runs must still start, with the runtime's own
-# values (our policy never stands between the kubelet and a pod).
+# values (our policy never stands between the kubelet and a pod). $1: the
+# scenario (default basic).
 pods_without_plugin() {
-    /e2e/bin/cri-client run /e2e/scenarios/basic.json --keep --expect-cri >/tmp/res1.out 2>&1
+    /e2e/bin/cri-client run "/e2e/scenarios/${1:-basic}.json" --keep --expect-cri >/tmp/res1.out 2>&1
     if grep -q "E2E-CHECK .* FAIL" /tmp/res1.out; then
         check resilience.pods_without_plugin FAIL "$(grep 'FAIL' /tmp/res1.out | head -n 3 | tr '\n' ';')"
         rc=1
@@ -344,7 +387,11 @@ if [ "$E2E_PLUGIN" = prelaunched ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ "$E2E_
         i=0
         while kill -0 "$old" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
         info "resilience: pre-launched plugin (pid $old) killed; creating pods without it"
-        pods_without_plugin
+        # CRI-O 1.37 forgets an in-place resize when it restarts: the new
+        # plugin's Synchronize reports the pre-resize resources (the kernel
+        # keeps the resized ones), so basic's resized pod would show drift
+        # that is CRI-O's, not ours (docs/operations.md). No resize there.
+        if [ "$E2E_RUNTIME" = crio ]; then pods_without_plugin late; else pods_without_plugin; fi
         info "resilience: restarting containerd; it launches the plugin again"
         if relaunch_plugin 'synchronized with the runtime' "$old"; then
             check resilience.relaunched PASS "containerd launched pid $new, synchronized after $waited_s s: $(grep 'synchronized with the runtime' /var/log/nri-qos.log | tail -n 1 | sed -e 's/\x1b\[[0-9;]*m//g' -e 's/.*synchronized with the runtime *//')"
@@ -364,6 +411,12 @@ if [ "$E2E_PLUGIN" = prelaunched ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ "$E2E_
     fi
 fi
 
+# crictl as the client (tests/e2e/guest/crictl.sh), as operators drive a node.
+if [ "${E2E_CRICTL:-0}" = 1 ] && [ "$E2E_PLUGIN" != none ]; then
+    # shellcheck source=tests/e2e/guest/crictl.sh
+    . /e2e/crictl.sh
+fi
+
 if [ "${E2E_TIMING_PODS:-0}" -gt 0 ]; then
     /e2e/bin/cri-client timing --pods "$E2E_TIMING_PODS" || rc=1
 fi
@@ -377,8 +430,8 @@ if [ -n "$plugin_pid" ]; then
     fi
 fi
 if [ $rc -ne 0 ] || [ "${E2E_VERBOSE:-0}" = 1 ]; then
-    echo "---- containerd.log (tail) ----"
-    tail -n 60 /var/log/containerd.log
+    echo "---- ${RUNTIME_LOG##*/} (tail) ----"
+    tail -n 60 "$RUNTIME_LOG"
     [ -f /var/log/nri-qos.log ] && { echo "---- nri-qos.log (tail) ----"; tail -n 40 /var/log/nri-qos.log; }
 fi
 finish $rc
