@@ -97,6 +97,22 @@ impl SyncReassembler {
         let api::SynchronizeRequest {
             pods, containers, ..
         } = req;
+        let sizes = |pods: &[api::PodSandbox], containers: &[api::Container]| {
+            let p = pods.iter().map(|o| o.compute_size() as usize);
+            p.chain(containers.iter().map(|o| o.compute_size() as usize))
+                .fold(0usize, usize::saturating_add)
+        };
+        let first = self.held.pods.is_empty() && self.held.containers.is_empty();
+        if !late && first && pods.len() + containers.len() <= self.budget_objects {
+            // The usual case, one message within the bounds: keep its
+            // vectors rather than copy every object into new ones.
+            let bytes = sizes(&pods, &containers);
+            if bytes <= self.budget_bytes {
+                self.bytes = bytes;
+                self.held = Snapshot { pods, containers };
+                return self.finish(more, deadline, span);
+            }
+        }
         for pod in pods {
             if !late && self.fits(pod.compute_size() as usize) {
                 self.held.pods.push(pod);
@@ -111,6 +127,11 @@ impl SyncReassembler {
                 self.drop_one(late);
             }
         }
+        self.finish(more, deadline, span)
+    }
+
+    /// The whole Synchronize once its last chunk is in.
+    fn finish(&mut self, more: bool, deadline: Instant, span: Duration) -> Option<Complete> {
         if more {
             return None;
         }
