@@ -24,6 +24,11 @@ if [ "$NRI_QOS_E2E" = 1 ]; then
   bash tests/e2e/fetch.sh
 fi
 
+# The API source's integration test (tests/kube_api.rs) runs Debian's etcd and
+# kubectl beside ../shared/tools/bin/kube-apiserver.xz.
+step "API server prerequisites (etcd-server, kubectl .debs)"
+bash tests/kube/fetch.sh
+
 step "tests"
 cargo test --locked -- --nocapture 2>&1 | tee target/test-all.log
 # cargo test prints one 'test result' line per test binary; sum them for one closing line.

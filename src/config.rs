@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::cgroup::HierarchyConfig;
+use crate::kube::KubernetesConfig;
 use crate::pressure::MonitorConfig;
 use crate::qos::PolicyConfig;
 
@@ -26,6 +27,7 @@ pub struct Config {
     pub hierarchy: HierarchyConfig,
     pub monitor: MonitorConfig,
     pub metrics: MetricsConfig,
+    pub kubernetes: KubernetesConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -155,6 +157,7 @@ pub const ENV_TABLES: &[&str] = &[
     "METRICS",
     "POLICY",
     "MONITOR",
+    "KUBERNETES",
 ];
 
 type EnvSetter = fn(&mut Config, &str) -> Result<(), String>;
@@ -249,6 +252,22 @@ const ENV_TABLE: &[(&str, &str, EnvSetter)] = &[
     }),
     ("METRICS_ADDRESS", "metrics.address", |c, v| {
         c.metrics.address = parse_num(v)?;
+        Ok(())
+    }),
+    ("KUBERNETES_ENABLED", "kubernetes.enabled", |c, v| {
+        c.kubernetes.enabled = parse_bool(v)?;
+        Ok(())
+    }),
+    ("KUBERNETES_KUBECONFIG", "kubernetes.kubeconfig", |c, v| {
+        c.kubernetes.kubeconfig = (!v.is_empty()).then(|| PathBuf::from(v));
+        Ok(())
+    }),
+    ("KUBERNETES_NODE_NAME", "kubernetes.node-name", |c, v| {
+        c.kubernetes.node_name = v.to_string();
+        Ok(())
+    }),
+    ("KUBERNETES_EVICT", "kubernetes.evict", |c, v| {
+        c.kubernetes.evict = parse_bool(v)?;
         Ok(())
     }),
 ];
@@ -356,6 +375,12 @@ impl Config {
                 reason: format!("{:?} is not \"text\" or \"json\"", self.plugin.log_format),
             });
         }
+        self.kubernetes
+            .validate()
+            .map_err(|e| ConfigError::Invalid {
+                field: "kubernetes",
+                reason: e.to_string(),
+            })?;
         if !self.metrics.address.ip().is_loopback() {
             return Err(ConfigError::Invalid {
                 field: "metrics.address",
@@ -487,6 +512,16 @@ mod tests {
             ("NRI_QOS_METRICS_ADDRESS", "127.0.0.1:1234", |c| {
                 c.metrics.address.port() == 1234
             }),
+            ("NRI_QOS_KUBERNETES_ENABLED", "false", |c| {
+                !c.kubernetes.enabled
+            }),
+            ("NRI_QOS_KUBERNETES_KUBECONFIG", "/etc/k.conf", |c| {
+                c.kubernetes.kubeconfig.as_deref() == Some(Path::new("/etc/k.conf"))
+            }),
+            ("NRI_QOS_KUBERNETES_NODE_NAME", "n1", |c| {
+                c.kubernetes.node_name == "n1"
+            }),
+            ("NRI_QOS_KUBERNETES_EVICT", "no", |c| !c.kubernetes.evict),
         ];
         for (var, value, check) in table {
             let mut cfg = Config::default();

@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod cgroup;
 pub mod config;
+pub mod kube;
 pub mod metrics;
 pub mod node;
 pub mod nri;

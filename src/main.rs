@@ -367,13 +367,26 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
         dry_run = cfg.plugin.dry_run,
         "nri-qos starting"
     );
-    let plugin = Arc::new(QosPlugin::new(PluginSettings {
+    let mut plugin = QosPlugin::new(PluginSettings {
         policy: cfg.policy.clone(),
         node,
         dry_run: cfg.plugin.dry_run,
         adjust_existing: cfg.plugin.adjust_existing,
         proc_root: cfg.node.proc_root.clone(),
-    }));
+    });
+    // Optional and never required: without credentials, or when they do not
+    // work, the plugin runs on the runtime's facts alone, as it always did.
+    let kube = match nri_qos::kube::start(&cfg.kubernetes, Some(plugin.metrics())) {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::error!(error = %e, "Kubernetes API source not started; running on the runtime's pod facts alone");
+            None
+        }
+    };
+    if let Some(k) = &kube {
+        plugin = plugin.with_api_pods(k.store());
+    }
+    let plugin = Arc::new(plugin);
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -423,9 +436,24 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
             };
             let monitor_cfg = cfg.monitor.clone();
             let metrics = cfg.metrics.enabled.then(|| plugin.metrics());
+            // The API server's facts (exact request, priority, static pods)
+            // first; the runtime's for pods it does not know (yet).
+            let registry: Arc<dyn nri_qos::pressure::PodRegistry> = match &kube {
+                Some(k) => Arc::new(nri_qos::pressure::registry::Layered(vec![k.store(), pods])),
+                None => pods,
+            };
+            let cluster = kube
+                .clone()
+                .map(|k| Arc::new(k) as Arc<dyn nri_qos::pressure::cluster::ClusterEvictions>);
             tokio::spawn(async move {
-                if let Err(e) =
-                    nri_qos::pressure::run_with_metrics(monitor_cfg, paths, pods, metrics).await
+                if let Err(e) = nri_qos::pressure::run_with_cluster(
+                    monitor_cfg,
+                    paths,
+                    registry,
+                    metrics,
+                    cluster,
+                )
+                .await
                 {
                     tracing::error!(error = %e, "pressure monitor stopped");
                 }

@@ -111,6 +111,21 @@ pub struct Metrics {
     hook_sum_nanos: AtomicU64,
     hook_count: AtomicU64,
     runtime_connected: AtomicBool,
+    /// The optional Kubernetes API source (`crate::kube`); its series
+    /// appear only when it runs.
+    kube: KubeMetrics,
+}
+
+/// Outcomes of an Eviction through the API server (`outcome`).
+pub const EVICTION_OUTCOMES: &[&str] = &["created", "refused_pdb", "unreachable"];
+
+#[derive(Default)]
+struct KubeMetrics {
+    configured: AtomicBool,
+    connected: AtomicBool,
+    pods: AtomicU64,
+    lag_micros: AtomicU64,
+    evictions: [AtomicU64; 3],
 }
 
 impl Default for Metrics {
@@ -138,6 +153,7 @@ impl Metrics {
             hook_sum_nanos: AtomicU64::new(0),
             hook_count: AtomicU64::new(0),
             runtime_connected: AtomicBool::new(false),
+            kube: KubeMetrics::default(),
         }
     }
 
@@ -178,6 +194,76 @@ impl Metrics {
     /// Whether we currently have a registered session with the runtime.
     pub fn set_runtime_connected(&self, connected: bool) {
         self.runtime_connected.store(connected, Ordering::Relaxed);
+    }
+
+    /// The Kubernetes API source runs: its series appear from now on.
+    pub fn set_kube_configured(&self) {
+        self.kube.configured.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the watch of this node's pods is listed and not failing.
+    pub fn set_kube_connected(&self, up: bool) {
+        self.kube.connected.store(up, Ordering::Relaxed);
+    }
+
+    /// Pods the API source knows on this node.
+    pub fn set_kube_pods(&self, n: u64) {
+        self.kube.pods.store(n, Ordering::Relaxed);
+    }
+
+    /// Delay from the API server's last write of a pod to our watch event.
+    pub fn set_kube_watch_lag(&self, d: Duration) {
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.kube.lag_micros.store(micros, Ordering::Relaxed);
+    }
+
+    /// Counts one Eviction by its outcome.
+    pub fn inc_kube_eviction(&self, outcome: crate::pressure::cluster::EvictOutcome) {
+        use crate::pressure::cluster::EvictOutcome::*;
+        let i = match outcome {
+            Created => 0,
+            RefusedByPdb => 1,
+            Unreachable => 2,
+        };
+        self.kube.evictions[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render_kube(&self, o: &mut String) {
+        let k = &self.kube;
+        if !k.configured.load(Ordering::Relaxed) {
+            return;
+        }
+        gauge(
+            o,
+            "nri_qos_kube_connected",
+            "1 while the watch of this node's pods on the API server is listed and not failing.",
+            u8::from(k.connected.load(Ordering::Relaxed)),
+        );
+        gauge(
+            o,
+            "nri_qos_kube_pods",
+            "Pods on this node the API source knows.",
+            k.pods.load(Ordering::Relaxed),
+        );
+        gauge(
+            o,
+            "nri_qos_kube_watch_lag_seconds",
+            "Delay from the API server's last write of a pod to the watch event for it (latest event; includes clock skew).",
+            float(k.lag_micros.load(Ordering::Relaxed) as f64 / 1e6),
+        );
+        header(
+            o,
+            "nri_qos_kube_evictions_total",
+            "counter",
+            "Evictions through the API server, by outcome.",
+        );
+        for (i, outcome) in EVICTION_OUTCOMES.iter().enumerate() {
+            let v = k.evictions[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                o,
+                "nri_qos_kube_evictions_total{{outcome=\"{outcome}\"}} {v}"
+            );
+        }
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
@@ -275,8 +361,15 @@ impl Metrics {
             "nri_qos_runtime_connected {}",
             u8::from(self.runtime_connected.load(Ordering::Relaxed))
         );
+        self.render_kube(o);
         out
     }
+}
+
+/// A gauge without labels: its header and its one sample.
+fn gauge(o: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+    header(o, name, "gauge", help);
+    let _ = writeln!(o, "{name} {value}");
 }
 
 fn header(o: &mut String, name: &str, kind: &str, help: &str) {
@@ -545,6 +638,24 @@ mod tests {
         assert!(text.contains("nri_qos_pressure{resource=\"memory\",kind=\"some_avg10\"} 12.5"));
         assert!(text.contains("nri_qos_pressure{resource=\"memory\",kind=\"full_avg10\"} NaN"));
         assert!(text.contains("nri_qos_runtime_connected 1"));
+        assert!(
+            !text.contains("nri_qos_kube_"),
+            "no API series without the API source"
+        );
+        m.set_kube_configured();
+        m.set_kube_connected(true);
+        m.inc_kube_eviction(crate::pressure::cluster::EvictOutcome::RefusedByPdb);
+        m.set_kube_watch_lag(Duration::from_millis(1500));
+        let text = m.render();
+        assert!(text.contains("nri_qos_kube_connected 1"), "{text}");
+        assert!(
+            text.contains("nri_qos_kube_evictions_total{outcome=\"refused_pdb\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nri_qos_kube_watch_lag_seconds 1.5"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use nri_qos::config::Config;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -260,6 +261,8 @@ struct Manifests {
     sa: ServiceAccount,
     cm: ConfigMap,
     ds: DaemonSet,
+    role: ClusterRole,
+    binding: ClusterRoleBinding,
 }
 
 fn manifests() -> Manifests {
@@ -267,6 +270,8 @@ fn manifests() -> Manifests {
     let mut sa = None;
     let mut cm = None;
     let mut ds = None;
+    let mut role = None;
+    let mut binding = None;
     for de in serde_norway::Deserializer::from_str(&text) {
         let doc = serde_json::Value::deserialize(de).expect("YAML document");
         if doc.is_null() {
@@ -276,6 +281,8 @@ fn manifests() -> Manifests {
             Some("ServiceAccount") => assert!(sa.replace(typed(&doc)).is_none()),
             Some("ConfigMap") => assert!(cm.replace(typed(&doc)).is_none()),
             Some("DaemonSet") => assert!(ds.replace(typed(&doc)).is_none()),
+            Some("ClusterRole") => assert!(role.replace(typed(&doc)).is_none()),
+            Some("ClusterRoleBinding") => assert!(binding.replace(typed(&doc)).is_none()),
             other => panic!("unexpected document kind {other:?}"),
         }
     }
@@ -283,6 +290,8 @@ fn manifests() -> Manifests {
         sa: sa.expect("ServiceAccount"),
         cm: cm.expect("ConfigMap"),
         ds: ds.expect("DaemonSet"),
+        role: role.expect("ClusterRole"),
+        binding: binding.expect("ClusterRoleBinding"),
     }
 }
 
@@ -290,14 +299,56 @@ use serde::Deserialize as _;
 
 #[test]
 fn daemonset_manifests() {
-    let Manifests { sa, cm, ds } = manifests();
+    let Manifests {
+        sa,
+        cm,
+        ds,
+        role,
+        binding,
+    } = manifests();
     let ns = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
         m.namespace.clone().unwrap_or_default()
     };
     assert_eq!(ns(&sa.metadata), "kube-system");
     assert_eq!(ns(&cm.metadata), "kube-system");
     assert_eq!(ns(&ds.metadata), "kube-system");
-    assert_eq!(sa.automount_service_account_token, Some(false));
+    assert_eq!(sa.automount_service_account_token, Some(true));
+
+    // Exactly: pods get/list/watch, pods/eviction create, events create.
+    let mut rules: Vec<(String, String, String)> = Vec::new();
+    for r in role.rules.iter().flatten() {
+        assert_eq!(r.api_groups.as_deref(), Some(&[String::new()][..]), "{r:?}");
+        assert!(r.resource_names.is_none() && r.non_resource_urls.is_none());
+        for res in r.resources.iter().flatten() {
+            for v in &r.verbs {
+                rules.push((String::new(), res.clone(), v.clone()));
+            }
+        }
+    }
+    rules.sort();
+    let want = [
+        ("events", "create"),
+        ("pods", "get"),
+        ("pods", "list"),
+        ("pods", "watch"),
+        ("pods/eviction", "create"),
+    ];
+    assert_eq!(
+        rules,
+        want.map(|(r, v)| (String::new(), r.to_string(), v.to_string()))
+    );
+    assert_eq!(binding.role_ref.name, "nri-qos");
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    let subjects = binding.subjects.clone().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(
+        (
+            subjects[0].kind.as_str(),
+            subjects[0].name.as_str(),
+            subjects[0].namespace.as_deref()
+        ),
+        ("ServiceAccount", "nri-qos", Some("kube-system"))
+    );
 
     // The ConfigMap's TOML is a valid config that points at the mounts.
     let data = cm.data.as_ref().expect("data");
@@ -305,6 +356,7 @@ fn daemonset_manifests() {
     assert_eq!(cfg.node.proc_root, Path::new("/host/proc"));
     assert_eq!(cfg.node.cgroup_root, Path::new("/host/sys/fs/cgroup"));
     assert!(cfg.metrics.enabled, "the liveness probe needs the endpoint");
+    assert!(cfg.kubernetes.enabled && cfg.kubernetes.node_name.is_empty());
 
     let spec = ds.spec.as_ref().expect("spec");
     let pod = spec.template.spec.as_ref().expect("pod spec");
@@ -318,7 +370,7 @@ fn daemonset_manifests() {
         "selector matches template"
     );
     assert_eq!(pod.service_account_name.as_deref(), Some("nri-qos"));
-    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(pod.automount_service_account_token, Some(true));
     assert_eq!(
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
@@ -346,6 +398,17 @@ fn daemonset_manifests() {
     let res = c.resources.as_ref().expect("resources");
     assert!(res.requests.is_some());
     assert_eq!(res.requests, res.limits, "requests == limits (Guaranteed)");
+
+    // NODE_NAME from the downward API names the node whose pods we watch.
+    let node_name = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == nri_qos::kube::NODE_NAME_ENV)
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.clone());
+    assert_eq!(node_name.as_deref(), Some("spec.nodeName"));
 
     let sc = c.security_context.as_ref().expect("securityContext");
     assert_eq!(sc.privileged, Some(false));
@@ -435,11 +498,15 @@ fn operations_doc_lists_every_variable_and_metric() {
         "nri_qos_pressure",
         "nri_qos_evictions_total",
         "nri_qos_runtime_connected",
+        "nri_qos_kube_connected",
+        "nri_qos_kube_pods",
+        "nri_qos_kube_watch_lag_seconds",
+        "nri_qos_kube_evictions_total",
     ] {
         assert!(doc.contains(&format!("`{name}`")), "docs: {name}");
-        assert!(nri_qos::metrics::Metrics::new()
-            .render()
-            .contains(&format!("# TYPE {name} ")));
+        let m = nri_qos::metrics::Metrics::new();
+        m.set_kube_configured();
+        assert!(m.render().contains(&format!("# TYPE {name} ")));
     }
 }
 

@@ -68,6 +68,9 @@ async fn a_peer_that_never_reads_answers_cannot_grow_memory() {
         .unwrap()
         .unwrap();
     register_by_hand(&mut stream).await;
+    // The debug binary's own size (text pages, the kube client) varies
+    // with the build; what a peer can add on top is what is bounded.
+    let idle = plugin.status_value("VmHWM");
 
     let create = api::CreateContainerRequest {
         pod: protobuf::MessageField::some(pod("p", "/kubepods/burstable/podp")),
@@ -113,11 +116,11 @@ async fn a_peer_that_never_reads_answers_cannot_grow_memory() {
         peak = peak.max(plugin.rss_kib());
     }
     let hwm = plugin.status_value("VmHWM");
-    eprintln!("unread answers: plugin peak {hwm} KiB");
+    eprintln!("unread answers: plugin peak {hwm} KiB, {idle} KiB before the flood");
     assert!(plugin.is_running(), "{}", plugin.log_text());
     assert!(
-        hwm < 16 * 1024,
-        "plugin peaked at {hwm} KiB (sampled max {peak} KiB) under unread answers"
+        hwm < idle + 8 * 1024,
+        "plugin peaked at {hwm} KiB (sampled max {peak} KiB, {idle} KiB before) under unread answers"
     );
     writer.abort();
 }
@@ -134,9 +137,11 @@ fn fat_chunk(i: usize, bytes: usize) -> api::SynchronizeRequest {
 }
 
 /// Sends 40 chunks of 3.5 MiB (140 MiB, more than the 64 MiB budget), then
-/// the last chunk; returns the peer's peak RSS before the last chunk and
-/// how long the last chunk took to be answered.
+/// the last chunk; returns how much the peer's peak RSS grew before the
+/// last chunk and how long the last chunk took to be answered.
 async fn flood_sync(s: &PeerSession, process: &PluginProcess) -> (u64, Duration) {
+    // Growth over the process's own peak so far: the binary's size varies.
+    let base = process.status_value("VmHWM");
     for i in 0..40 {
         let r = s
             .plugin
@@ -145,7 +150,7 @@ async fn flood_sync(s: &PeerSession, process: &PluginProcess) -> (u64, Duration)
             .expect("every chunk is answered");
         assert!(r.more && r.update.is_empty());
     }
-    let hwm = process.status_value("VmHWM");
+    let hwm = process.status_value("VmHWM").saturating_sub(base);
     let last = api::SynchronizeRequest {
         pods: vec![pod("p0", "/kubepods/burstable/podp0")],
         ..Default::default()
@@ -169,11 +174,11 @@ async fn synchronize_reassembly_is_bounded_in_bytes_and_answers_in_time() {
     let mut s = accept(&listener, true).await;
     s.handshake(true).await;
     let (hwm, last) = flood_sync(&s, &plugin).await;
-    eprintln!("140 MiB of chunks: plugin peak {hwm} KiB, last chunk answered in {last:?}");
+    eprintln!("140 MiB of chunks: plugin peak grew {hwm} KiB, last chunk answered in {last:?}");
     assert!(plugin.is_running(), "{}", plugin.log_text());
     assert!(
         hwm < 100 * 1024,
-        "plugin held {hwm} KiB for 140 MiB of chunks"
+        "plugin grew by {hwm} KiB for 140 MiB of chunks"
     );
     assert!(last < Duration::from_secs(2), "last chunk took {last:?}");
     let log = plugin.log_text();
@@ -201,10 +206,10 @@ async fn audit_reassembly_is_bounded_too() {
     let mut s = accept(&listener, true).await;
     s.handshake(true).await;
     let (hwm, _) = flood_sync(&s, &audit).await;
-    eprintln!("140 MiB of chunks: audit peak {hwm} KiB");
+    eprintln!("140 MiB of chunks: audit peak grew {hwm} KiB");
     assert!(
         hwm < 100 * 1024,
-        "audit held {hwm} KiB for 140 MiB of chunks: {}",
+        "audit grew by {hwm} KiB for 140 MiB of chunks: {}",
         audit.log_text()
     );
 }

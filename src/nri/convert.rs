@@ -68,6 +68,7 @@ pub fn container_from_wire(c: &api::Container) -> ContainerFacts {
             .and_then(|l| l.oom_score_adj.as_ref())
             .map(|o| o.value),
         cgroups_path: linux.map(|l| l.cgroups_path.clone()).unwrap_or_default(),
+        api_memory_request: None,
     }
 }
 

@@ -15,6 +15,7 @@ fn monitor_source(s: RequestSource) -> MonitorSource {
     match s {
         RequestSource::UnifiedMemoryMin => MonitorSource::UnifiedMemoryQos,
         RequestSource::Annotation => MonitorSource::PodSpec,
+        RequestSource::ApiServer => MonitorSource::ApiServer,
         RequestSource::GuaranteedLimit => MonitorSource::CgroupPodMax,
         RequestSource::OomScoreAdj => MonitorSource::OomScoreAdj,
         RequestSource::BestEffort => MonitorSource::BestEffort,
@@ -47,6 +48,7 @@ pub fn pod_infos(reg: &Registry) -> Vec<PodInfo> {
                 memory_request: (!known.is_empty()).then(|| known.iter().sum()),
                 request_source: monitor_source(source),
                 class: ctrs.first().map(|c| c.class),
+                static_pod: false,
             }
         })
         .collect()

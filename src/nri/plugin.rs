@@ -135,6 +135,8 @@ pub struct QosPlugin {
     changed: watch::Sender<u64>,
     warned_old_runtime: AtomicBool,
     metrics: Arc<Metrics>,
+    /// This node's pods from the API server, when that source runs.
+    api_pods: Option<Arc<crate::kube::PodStore>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -159,7 +161,15 @@ impl QosPlugin {
             changed: watch::channel(0).0,
             warned_old_runtime: AtomicBool::new(false),
             metrics: Arc::new(Metrics::new()),
+            api_pods: None,
         }
+    }
+
+    /// Exact requests from the API server's pod specs ahead of what the
+    /// CRI values let us recover. The hooks read the snapshot only.
+    pub fn with_api_pods(mut self, store: Arc<crate::kube::PodStore>) -> Self {
+        self.api_pods = Some(store);
+        self
     }
 
     /// The plugin's metrics (served by the metrics endpoint when enabled).
@@ -292,6 +302,9 @@ impl QosPlugin {
         let mut facts = convert::container_from_wire(container);
         if let Some(r) = resources_override {
             facts.resources = convert::resources_from_wire(r);
+        }
+        if let Some(api) = self.api_pods.as_ref().and_then(|s| s.get(&pod_facts.uid)) {
+            facts.api_memory_request = api.container_request(&facts.name);
         }
         let started = Instant::now();
         let decision = decide_or_leave_alone(pod_facts, &facts, &self.settings.node, policy);

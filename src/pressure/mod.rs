@@ -31,6 +31,7 @@
 
 pub mod act;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod decide;
 pub mod measure;
@@ -154,6 +155,8 @@ pub struct StepReport {
     pub killed: Option<String>,
     /// UID dry-run would have killed.
     pub would_kill: Option<String>,
+    /// UID evicted through the API server (soft threshold, not killed).
+    pub evicted: Option<String>,
     /// UIDs whose memory.reclaim was written (or would be, in dry-run).
     pub reclaimed: Vec<String>,
     /// The victim's cgroup emptied within kill-wait, after this long.
@@ -215,6 +218,8 @@ pub struct Monitor {
     /// every full step, so a replaced file is picked up.
     meminfo: Option<std::fs::File>,
     meminfo_buf: Vec<u8>,
+    /// Evictions through the API server, when it is configured.
+    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
 }
 
 impl Monitor {
@@ -258,7 +263,14 @@ impl Monitor {
             capacity: 0,
             meminfo: None,
             meminfo_buf: Vec::new(),
+            cluster: None,
         }
+    }
+
+    /// Also evict through the API server (see [`cluster`]).
+    pub fn with_cluster(mut self, cluster: Arc<dyn cluster::ClusterEvictions>) -> Self {
+        self.cluster = Some(cluster);
+        self
     }
 
     /// A tick between full steps while calm needs only the quick check;
@@ -379,6 +391,7 @@ impl Monitor {
                 request,
                 request_source,
                 pause_only: check_pause && act::pause_only(&pod.path, &self.paths.proc_root),
+                static_pod: info.as_ref().is_some_and(|i| i.static_pod),
                 path: pod.path,
             });
         }
@@ -442,6 +455,7 @@ impl Monitor {
             node: None,
             killed: None,
             would_kill: None,
+            evicted: None,
             reclaimed: Vec::new(),
             emptied_after: None,
             limit_bound: Vec::new(),
@@ -772,11 +786,95 @@ impl Monitor {
             );
             return;
         }
-        let victim = &cands[top];
-        if !act::populated(&victim.path) {
-            tracing::info!(pod = %victim.uid, "recheck: victim already empty, deciding again");
+        if !act::populated(&cands[top].path) {
+            tracing::info!(pod = %cands[top].uid, "recheck: victim already empty, deciding again");
             return;
         }
+        let threshold = if reason == Reason::Hard {
+            v.hard
+        } else {
+            v.soft
+        };
+        let notice = |c: &Candidate| {
+            Some(cluster::EvictionNotice {
+                uid: c.uid.clone(),
+                namespace: c.namespace.clone()?,
+                name: c.name.clone()?,
+                hard: reason == Reason::Hard,
+                available: fresh.effective_available(),
+                signal: fresh.signal().to_string(),
+                threshold,
+                working_set: c.working_set,
+                request: c.request,
+                request_source: c.request_source.to_string(),
+            })
+        };
+        // Soft threshold with the API server: an Eviction moves the pod (the
+        // kubelet terminates it gracefully), and a PodDisruptionBudget's
+        // refusal passes the turn to the next candidate. No answer: kill.
+        let cluster = self.cluster.clone().filter(|_| reason == Reason::Soft);
+        let mut top = top;
+        if let (Some(api), false) = (cluster, self.cfg.dry_run) {
+            let mut refused = 0;
+            let mut next = ranking.order.iter().copied().skip_while(|&i| i != top);
+            loop {
+                let Some(i) = next.next() else {
+                    tracing::warn!(refused, "every candidate's PodDisruptionBudget refused an eviction at the soft threshold; nothing evicted");
+                    self.decider.kill_started(now);
+                    self.decider.kill_finished(now);
+                    return;
+                };
+                if self.stuck.contains(&cands[i].path) || act::pause_only(&cands[i].path, proc_root)
+                {
+                    continue;
+                }
+                let Some(n) = notice(&cands[i]) else {
+                    top = i;
+                    break;
+                };
+                match api.evict(&n, cluster::SOFT_EVICTION_WAIT) {
+                    cluster::EvictOutcome::Created => {
+                        tracing::warn!(
+                            victim = %cands[i].uid,
+                            namespace = %n.namespace,
+                            name = %n.name,
+                            class = ?cands[i].class,
+                            working_set = n.working_set,
+                            request = n.request,
+                            request_source = %n.request_source,
+                            priority = cands[i].priority.unwrap_or(0),
+                            available = n.available,
+                            signal = %n.signal,
+                            "evicted pod through the API server (the kubelet terminates it gracefully)"
+                        );
+                        report.evicted = Some(cands[i].uid.clone());
+                        if let Some(m) = &self.metrics {
+                            m.inc_eviction(
+                                &format!("{:?}", cands[i].class),
+                                &format!("{reason:?}"),
+                            );
+                        }
+                        self.decider.kill_started(now);
+                        self.victim = Some(Victim {
+                            uid: cands[i].uid.clone(),
+                            path: cands[i].path.clone(),
+                            since: now,
+                        });
+                        return;
+                    }
+                    cluster::EvictOutcome::RefusedByPdb => {
+                        refused += 1;
+                        tracing::info!(pod = %format_args!("{}/{}", n.namespace, n.name), "PodDisruptionBudget refused the eviction at the soft threshold; trying the next candidate");
+                    }
+                    cluster::EvictOutcome::Unreachable => {
+                        tracing::warn!(pod = %format_args!("{}/{}", n.namespace, n.name), "API server unreachable; killing the pod's cgroup instead");
+                        top = i;
+                        break;
+                    }
+                }
+            }
+        }
+        let victim = &cands[top];
         tracing::warn!(
             victim = %victim.uid,
             namespace = victim.namespace.as_deref().unwrap_or("?"),
@@ -833,6 +931,10 @@ impl Monitor {
                     "killed pod"
                 );
                 report.killed = Some(victim.uid.clone());
+                // Killed first; the API learns of it in the background.
+                if let (Some(api), Some(n)) = (&self.cluster, notice(victim)) {
+                    api.evict_after_kill(n);
+                }
                 if let Some(m) = &self.metrics {
                     m.inc_eviction(&format!("{:?}", victim.class), &format!("{reason:?}"));
                 }
@@ -884,6 +986,18 @@ pub async fn run_with_metrics(
     pods: Arc<dyn PodRegistry>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
 ) -> Result<(), MonitorError> {
+    run_with_cluster(cfg, paths, pods, metrics, None).await
+}
+
+/// `run_with_metrics`, also evicting through the API server when `cluster`
+/// is given.
+pub async fn run_with_cluster(
+    cfg: MonitorConfig,
+    paths: Paths,
+    pods: Arc<dyn PodRegistry>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
+) -> Result<(), MonitorError> {
     cfg.validate()?;
     if cfg.lock_memory {
         match protect::lock_memory() {
@@ -897,6 +1011,9 @@ pub async fn run_with_metrics(
     let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls));
     if let Some(m) = metrics {
         monitor = monitor.with_metrics(m);
+    }
+    if let Some(c) = cluster {
+        monitor = monitor.with_cluster(c);
     }
     let nice = cfg.nice;
     start(cfg, paths, monitor, Arc::new(SystemClock::default()), nice).await

@@ -28,6 +28,9 @@ pub struct Candidate {
     pub priority: Option<i32>,
     /// Only the sandbox (pause) is left: killing it frees nothing.
     pub pause_only: bool,
+    /// Static or mirror pod (known from the API server): critical to the
+    /// kubelet (`IsCriticalPod`), never evicted.
+    pub static_pod: bool,
     pub path: PathBuf,
 }
 
@@ -76,6 +79,7 @@ pub struct RankPolicy {
 pub enum Exclusion {
     CriticalNamespace(String),
     CriticalPriority(i32),
+    StaticPod,
     NoPodInfo,
     PauseOnly,
 }
@@ -97,6 +101,9 @@ pub fn exclusion(c: &Candidate, policy: &RankPolicy) -> Option<Exclusion> {
         if p >= policy.critical_priority {
             return Some(Exclusion::CriticalPriority(p));
         }
+    }
+    if c.static_pod {
+        return Some(Exclusion::StaticPod);
     }
     if policy.require_pod_info && c.namespace.is_none() {
         return Some(Exclusion::NoPodInfo);
@@ -154,6 +161,7 @@ mod tests {
             request_source: RequestSource::PodSpec,
             priority: prio,
             pause_only: false,
+            static_pod: false,
             path: PathBuf::from(format!("/pods/{uid}")),
         }
     }

@@ -13,6 +13,10 @@ use crate::qos::QosClass;
 pub enum RequestSource {
     /// Σ container requests from the pod spec (API server / kubelet).
     PodSpec,
+    /// The pod's request from the API server's pod spec, the kubelet's
+    /// way (`resourcehelper.PodRequests`: init max rule, sidecars,
+    /// pod-level resources, overhead).
+    ApiServer,
     /// `memory.min`/`memory.low` the kubelet put in the CRI `unified` map.
     UnifiedMemoryQos,
     /// Inverted from the Burstable oom_score_adj (±MemTotal/1000).
@@ -33,6 +37,7 @@ impl fmt::Display for RequestSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             RequestSource::PodSpec => "pod-spec",
+            RequestSource::ApiServer => "api-server",
             RequestSource::UnifiedMemoryQos => "unified-memory-qos",
             RequestSource::OomScoreAdj => "oom-score-adj",
             RequestSource::CgroupChildrenMinLow => "cgroup-children-min-low",
@@ -57,6 +62,8 @@ pub struct PodInfo {
     pub request_source: RequestSource,
     /// QoS class; `None` falls back to the class implied by the cgroup path.
     pub class: Option<QosClass>,
+    /// A static or mirror pod: critical to the kubelet whatever its priority.
+    pub static_pod: bool,
 }
 
 /// Lookup of pod metadata by UID. Implementations must be cheap and never block
@@ -104,6 +111,16 @@ impl SharedRegistry {
     }
 }
 
+/// The first registry that knows a pod answers (the API server's pod
+/// facts ahead of the runtime's).
+pub struct Layered(pub Vec<std::sync::Arc<dyn PodRegistry>>);
+
+impl PodRegistry for Layered {
+    fn get(&self, uid: &str) -> Option<PodInfo> {
+        self.0.iter().find_map(|r| r.get(uid))
+    }
+}
+
 impl PodRegistry for SharedRegistry {
     fn get(&self, uid: &str) -> Option<PodInfo> {
         self.pods
@@ -129,6 +146,7 @@ mod tests {
             memory_request: Some(1 << 20),
             request_source: RequestSource::PodSpec,
             class: Some(QosClass::Burstable),
+            static_pod: false,
         };
         r.upsert(info.clone());
         assert_eq!(r.get("u1"), Some(info));

@@ -162,6 +162,7 @@ fn info(uid: &str, ns: &str, prio: Option<i32>) -> PodInfo {
         memory_request: None,
         request_source: RequestSource::Unknown,
         class: None,
+        static_pod: false,
     }
 }
 
@@ -758,4 +759,98 @@ fn pressure_evictions_and_psi_reach_the_metrics() {
         text.contains("nri_qos_pressure{resource=\"memory\",kind=\"some_avg10\"} 30"),
         "{text}"
     );
+}
+
+/// The API server's answers, scripted per pod; records what was asked.
+#[derive(Default)]
+struct FakeCluster {
+    refuse: Vec<&'static str>,
+    unreachable: bool,
+    asked: std::sync::Mutex<Vec<(String, bool)>>,
+}
+
+impl cluster::ClusterEvictions for FakeCluster {
+    fn evict(&self, n: &cluster::EvictionNotice, _limit: Duration) -> cluster::EvictOutcome {
+        self.asked.lock().unwrap().push((n.uid.clone(), n.hard));
+        if self.unreachable {
+            cluster::EvictOutcome::Unreachable
+        } else if self.refuse.contains(&n.uid.as_str()) {
+            cluster::EvictOutcome::RefusedByPdb
+        } else {
+            cluster::EvictOutcome::Created
+        }
+    }
+    fn evict_after_kill(&self, n: cluster::EvictionNotice) {
+        self.asked.lock().unwrap().push((n.uid.clone(), n.hard));
+    }
+}
+
+fn soft_with(api: Arc<FakeCluster>) -> (Fake, [PathBuf; 6], StepReport) {
+    let (f, reg, pods) = pressure_tree(Driver::Systemd);
+    reg.upsert(info("be-1", "default", None));
+    let (m, _) = monitor(&f, MonitorConfig::default(), reg);
+    let mut m = m.with_cluster(api);
+    f.node_ws(TOTAL - 250 * MI);
+    for t in (0..2000).step_by(100) {
+        m.step(&Wake::Tick, ms(t));
+    }
+    let r = m.step(&Wake::Tick, ms(2000));
+    (f, pods, r)
+}
+
+#[test]
+fn pressure_soft_evicts_through_the_api_and_a_pdb_passes_the_turn() {
+    let api = Arc::new(FakeCluster {
+        refuse: vec!["b-over"],
+        ..Default::default()
+    });
+    let (_f, [_, _, b_over, be, ..], r) = soft_with(api.clone());
+    // b-over's budget refused; the next in kubelet order was evicted through
+    // the API, and no cgroup was killed (the kubelet terminates it gracefully).
+    assert_eq!(r.evicted.as_deref(), Some("be-1"));
+    assert!(r.killed.is_none() && !killed(&b_over) && !killed(&be));
+    assert_eq!(
+        *api.asked.lock().unwrap(),
+        [("b-over".to_string(), false), ("be-1".to_string(), false)]
+    );
+}
+
+#[test]
+fn pressure_soft_kills_when_the_api_does_not_answer() {
+    let api = Arc::new(FakeCluster {
+        unreachable: true,
+        ..Default::default()
+    });
+    let (_f, [_, _, b_over, ..], r) = soft_with(api);
+    assert_eq!(r.killed.as_deref(), Some("b-over"));
+    assert!(killed(&b_over));
+}
+
+#[test]
+fn pressure_hard_kills_first_and_tells_the_api_after() {
+    let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Cgroupfs);
+    let api = Arc::new(FakeCluster {
+        refuse: vec!["b-over"],
+        ..Default::default()
+    });
+    let (m, _) = monitor(&f, MonitorConfig::default(), reg);
+    let mut m = m.with_cluster(api.clone());
+    let r = m.step(&psi_wake(), ms(0));
+    // A budget does not hold back the hard kill.
+    assert_eq!(r.killed.as_deref(), Some("b-over"));
+    assert!(killed(&b_over));
+    assert_eq!(*api.asked.lock().unwrap(), [("b-over".to_string(), true)]);
+}
+
+#[test]
+fn pressure_static_pods_are_never_victims() {
+    let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Cgroupfs);
+    reg.upsert(PodInfo {
+        static_pod: true,
+        ..info("b-over", "default", Some(0))
+    });
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
+    let r = m.step(&psi_wake(), ms(0));
+    assert_eq!(r.killed.as_deref(), Some("be-1"));
+    assert!(!killed(&b_over) && killed(&be));
 }

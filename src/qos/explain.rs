@@ -422,7 +422,7 @@ fn human_bytes(b: u64) -> String {
     }
     for (u, size) in UNITS {
         if b >= size {
-            return if b % size == 0 {
+            return if b.is_multiple_of(size) {
                 format!("{}{u}", b / size)
             } else {
                 format!("{:.1}{u}", b as f64 / size as f64)

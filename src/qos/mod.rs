@@ -52,6 +52,9 @@ pub struct ContainerFacts {
     /// The oom_score_adj the runtime was asked for (the kubelet's value).
     pub oom_score_adj: Option<i64>,
     pub cgroups_path: String,
+    /// The container's memory request as the API server has it (0 = none),
+    /// when the optional Kubernetes source knows the pod (`crate::kube`).
+    pub api_memory_request: Option<u64>,
 }
 
 /// Facts about the node the policy needs.
@@ -99,6 +102,8 @@ pub enum RequestSource {
     UnifiedMemoryMin,
     /// Our pod annotation.
     Annotation,
+    /// The pod spec from the API server (the optional Kubernetes source).
+    ApiServer,
     /// Guaranteed: the request equals the limit.
     GuaranteedLimit,
     /// Burstable: inverted from the kubelet's oom_score_adj (resolution MemTotal/1000).

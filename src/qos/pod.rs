@@ -56,6 +56,8 @@ pub struct PodSpec {
     pub resources: Option<ResourceRequirements>,
     pub init_containers: Vec<Container>,
     pub containers: Vec<Container>,
+    /// RuntimeClass overhead, added to the pod's request by the kubelet.
+    pub overhead: BTreeMap<String, QuantityText>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -148,6 +150,77 @@ impl Container {
     }
 }
 
+/// Every container's own memory request (bytes, 0 when none; a limit
+/// without a request counts as the request), init containers first, in
+/// spec order, as `(name, request)`.
+pub fn container_memory_requests(pod: &Pod) -> Result<Vec<(String, u64)>, ManifestError> {
+    let mut out = Vec::new();
+    for (i, c) in pod.spec.init_containers.iter().enumerate() {
+        let r = c
+            .resources
+            .resolve(&format!("spec.initContainers[{i}].resources"))?;
+        out.push((c.name.clone(), r.requests.memory.unwrap_or(0)));
+    }
+    for (i, c) in pod.spec.containers.iter().enumerate() {
+        let r = c
+            .resources
+            .resolve(&format!("spec.containers[{i}].resources"))?;
+        out.push((c.name.clone(), r.requests.memory.unwrap_or(0)));
+    }
+    Ok(out)
+}
+
+/// The pod's memory request as the kubelet's eviction manager counts it
+/// (`resourcehelper.PodRequests`): regular containers and sidecars add up;
+/// each init container needs its own request plus the sidecars started
+/// before it, and the pod needs the larger of the two; pod-level requests
+/// replace the sum; RuntimeClass overhead comes on top.
+pub fn pod_memory_request(pod: &Pod) -> Result<u64, ManifestError> {
+    let pod_level = match &pod.spec.resources {
+        Some(r) => r.resolve("spec.resources")?.requests.memory,
+        None => None,
+    };
+    let mut total = match pod_level {
+        Some(m) => m,
+        None => {
+            let mut running: u64 = 0;
+            for (i, c) in pod.spec.containers.iter().enumerate() {
+                let r = c
+                    .resources
+                    .resolve(&format!("spec.containers[{i}].resources"))?;
+                running = running.saturating_add(r.requests.memory.unwrap_or(0));
+            }
+            let (mut sidecars, mut init_peak) = (0u64, 0u64);
+            for (i, c) in pod.spec.init_containers.iter().enumerate() {
+                let own = c
+                    .resources
+                    .resolve(&format!("spec.initContainers[{i}].resources"))?
+                    .requests
+                    .memory
+                    .unwrap_or(0);
+                let need = if c.is_sidecar() {
+                    running = running.saturating_add(own);
+                    sidecars = sidecars.saturating_add(own);
+                    sidecars
+                } else {
+                    own.saturating_add(sidecars)
+                };
+                init_peak = init_peak.max(need);
+            }
+            running.max(init_peak)
+        }
+    };
+    if let Some(q) = pod.spec.overhead.get("memory") {
+        let bytes =
+            quantity::parse_bytes(&q.as_text()).map_err(|source| ManifestError::Quantity {
+                path: "spec.overhead.memory".into(),
+                source,
+            })?;
+        total = total.saturating_add(bytes);
+    }
+    Ok(total)
+}
+
 /// Parses a Pod manifest; errors name the offending field.
 pub fn parse_pod(yaml: &str) -> Result<Pod, ManifestError> {
     let value: serde_norway::Value =
@@ -182,6 +255,26 @@ mod tests {
         assert_eq!(r.requests.cpu_milli, Some(500));
         assert_eq!(r.requests.memory, Some(1 << 30)); // defaulted to the limit
         assert_eq!(r.limits.cpu_milli, Some(1000));
+    }
+
+    #[test]
+    fn pod_request_follows_the_kubelet_rules() {
+        let pod = |spec: &str| parse_pod(&format!("spec:\n{spec}")).unwrap();
+        // Regular containers add up.
+        let p = pod("  containers:\n  - {name: a, resources: {requests: {memory: 100Mi}}}\n  - {name: b, resources: {limits: {memory: 50Mi}}}\n");
+        assert_eq!(pod_memory_request(&p).unwrap(), 150 << 20);
+        // A big init container decides; a sidecar adds to both sides.
+        let p = pod("  initContainers:\n  - {name: side, restartPolicy: Always, resources: {requests: {memory: 10Mi}}}\n  - {name: init, resources: {requests: {memory: 500Mi}}}\n  containers:\n  - {name: a, resources: {requests: {memory: 100Mi}}}\n");
+        assert_eq!(pod_memory_request(&p).unwrap(), 510 << 20);
+        let p = pod("  initContainers:\n  - {name: init, resources: {requests: {memory: 50Mi}}}\n  - {name: side, restartPolicy: Always, resources: {requests: {memory: 10Mi}}}\n  containers:\n  - {name: a, resources: {requests: {memory: 100Mi}}}\n");
+        assert_eq!(pod_memory_request(&p).unwrap(), 110 << 20);
+        // Pod-level requests replace the sum; overhead comes on top.
+        let p = pod("  resources: {requests: {memory: 1Gi}}\n  overhead: {memory: 64Mi}\n  containers:\n  - {name: a, resources: {requests: {memory: 100Mi}}}\n");
+        assert_eq!(pod_memory_request(&p).unwrap(), (1 << 30) + (64 << 20));
+        assert_eq!(
+            container_memory_requests(&p).unwrap(),
+            vec![("a".to_string(), 100 << 20)]
+        );
     }
 
     #[test]

@@ -183,6 +183,13 @@ pub fn memory_request(
             }
         }
     }
+    // Exact, and ahead of anything recovered from the CRI values.
+    if let Some(r) = container.api_memory_request {
+        return match r {
+            0 => (None, RequestSource::ApiServer),
+            r => (Some(r), RequestSource::ApiServer),
+        };
+    }
     let limit = container
         .resources
         .memory_limit

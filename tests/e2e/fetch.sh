@@ -150,4 +150,7 @@ main() {
     log "ok: $(cd "$CACHE" && ls -d vmlinuz root-*)"
 }
 
-main "$@"
+# Sourced (tests/kube/fetch.sh) for its functions only.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    main "$@"
+fi
