@@ -18,8 +18,9 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 use ttrpc::r#async::TtrpcContext;
 
+use crate::cgroup::keeper::read_protection;
 use crate::cgroup::layout::pod_cgroups;
-use crate::cgroup::plan::{self, PodProtection};
+use crate::cgroup::plan::{self, Owner, PodProtection};
 use crate::cgroup::HierarchyConfig;
 use crate::nri::convert;
 use crate::nri::proto::{api, api_ttrpc};
@@ -141,6 +142,9 @@ pub struct Check {
     pub expected: Option<String>,
     pub actual: String,
     pub ok: bool,
+    /// Who sets the value: `kubelet` (its Memory QoS; never drift unless
+    /// the kernel lost a value it sent), `nri-qos`, or `runtime`.
+    pub owner: Owner,
 }
 
 /// A container, or a pod / QoS / kubepods cgroup, and its checks.
@@ -205,6 +209,7 @@ fn check(key: &str, expected: String, actual: Option<String>) -> Check {
         ok: expected == actual,
         expected: Some(expected),
         actual,
+        owner: Owner::NriQos,
     }
 }
 
@@ -215,7 +220,13 @@ fn report_only(key: &str, actual: Option<String>) -> Check {
         expected: None,
         actual: actual.unwrap_or_else(|| "(unreadable)".into()),
         ok: true,
+        owner: Owner::Runtime,
     }
+}
+
+fn owned(mut c: Check, owner: Owner) -> Check {
+    c.owner = owner;
+    c
 }
 
 /// Compares policy and kernel for every container and kubelet-owned cgroup.
@@ -230,6 +241,29 @@ pub fn audit(
     let mut report = AuditReport::default();
     let pods: HashMap<&str, &api::PodSandbox> =
         snap.pods.iter().map(|p| (p.id.as_str(), p)).collect();
+    // Which pods the kubelet's Memory QoS protects, by the plugin's rules:
+    // its keys on a container, the operator's setting, or a pod cgroup
+    // holding more protection than our policy would give it.
+    let auto = policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto;
+    let ours = crate::nri::plugin::own_pod_protection(&snap.containers, &pods, node, policy);
+    let mut kubelet_pods: HashMap<&str, bool> = HashMap::new();
+    for p in &snap.pods {
+        let on_disk = pod_cgroups(&p.linux.cgroup_parent)
+            .map(|cg| read_protection(cgroup_root, &cg.pod))
+            .unwrap_or_default();
+        let mine = ours.get(p.id.as_str()).copied().unwrap_or_default();
+        let tree = auto && node.cgroup_v2 && plan::exceeds(on_disk, mine);
+        kubelet_pods.insert(p.id.as_str(), tree);
+    }
+    for c in &snap.containers {
+        if qos::policy::kubelet_memory_qos_keys(&convert::container_from_wire(c).resources) {
+            kubelet_pods.insert(c.pod_sandbox_id.as_str(), true);
+        }
+    }
+    let explicit = matches!(
+        policy.kubelet_memory_qos,
+        qos::KubeletMemoryQos::Alpha | qos::KubeletMemoryQos::Tiered
+    );
     let mut protection: HashMap<&str, (u64, u64)> = HashMap::new();
     for c in &snap.containers {
         let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
@@ -239,7 +273,9 @@ pub fn audit(
             ));
             continue;
         };
-        let pod_facts = convert::pod_from_wire(pod);
+        let mut pod_facts = convert::pod_from_wire(pod);
+        let kubelet_pod = kubelet_pods.get(pod.id.as_str()).copied().unwrap_or(false);
+        pod_facts.kubelet_memory_qos = kubelet_pod;
         let facts = convert::container_from_wire(c);
         let d = qos::decide(&pod_facts, &facts, node, policy);
         let eff = qos::policy::effective(&facts.resources, &d.adjustment);
@@ -274,30 +310,55 @@ pub fn audit(
                 Some(q) if q > 0 => format!("{q} {period}"),
                 _ => format!("max {period}"),
             };
-            checks.push(check("cpu.max", cpu_max, file("cpu.max")));
+            let cpu_owner = if d.adjustment.cpu_quota.is_some() {
+                Owner::NriQos
+            } else {
+                Owner::Runtime
+            };
+            checks.push(owned(check("cpu.max", cpu_max, file("cpu.max")), cpu_owner));
             let mem_max = eff
                 .memory_limit
                 .map(|l| l.to_string())
                 .unwrap_or_else(|| "max".into());
-            checks.push(check("memory.max", mem_max, file("memory.max")));
+            checks.push(owned(
+                check("memory.max", mem_max, file("memory.max")),
+                Owner::Runtime,
+            ));
             // Unified keys the policy does not set stay the runtime's. NRI
             // before v0.10 (containerd 1.7, 2.0, 2.1) does not show plugins the
             // CRI's unified map, so e.g. the kubelet's MemoryQoS memory.min can
             // be in the kernel without being visible here: report, not drift.
             for key in ["memory.min", "memory.low", "memory.high"] {
-                checks.push(match eff.unified.get(key) {
-                    Some(want) => check(key, want.clone(), file(key)),
-                    None => report_only(key, file(key)),
-                });
+                let kubelet = kubelet_pod || explicit;
+                checks.push(
+                    match (
+                        d.adjustment.unified.get(key),
+                        facts.resources.unified.get(key),
+                    ) {
+                        (Some(want), _) => check(key, want.clone(), file(key)),
+                        // The kubelet's value as it sent it: never replaced, so it must be there.
+                        (None, Some(sent)) => {
+                            owned(check(key, sent.clone(), file(key)), Owner::Kubelet)
+                        }
+                        (None, None) if kubelet => {
+                            owned(report_only(key, file(key)), Owner::Kubelet)
+                        }
+                        (None, None) => report_only(key, file(key)),
+                    },
+                );
             }
         }
         let want_oom = d.adjustment.oom_score_adj.or(facts.oom_score_adj);
         if let (Some(want), true) = (want_oom, c.pid > 0) {
             let path = proc_root.join(c.pid.to_string()).join("oom_score_adj");
-            checks.push(check(
-                "oom_score_adj",
-                want.to_string(),
-                read_trimmed(&path),
+            let owner = if d.adjustment.oom_score_adj.is_some() {
+                Owner::NriQos
+            } else {
+                Owner::Runtime
+            };
+            checks.push(owned(
+                check("oom_score_adj", want.to_string(), read_trimmed(&path)),
+                owner,
             ));
         }
         report.drift += checks.iter().filter(|c| !c.ok).count();
@@ -310,16 +371,24 @@ pub fn audit(
     }
 
     if node.cgroup_v2 && hierarchy.enabled {
+        // Kubelet-owned pods count in their parents with what they carry.
         let pods: Vec<PodProtection> = snap
             .pods
             .iter()
             .filter_map(|p| {
                 let cgroups = pod_cgroups(&p.linux.cgroup_parent)?;
-                let (min, low) = protection.get(p.id.as_str()).copied().unwrap_or_default();
+                let kubelet = explicit || kubelet_pods.get(p.id.as_str()).copied().unwrap_or(false);
+                let (min, low) = if kubelet {
+                    let on_disk = read_protection(cgroup_root, &cgroups.pod);
+                    (on_disk.min, on_disk.low)
+                } else {
+                    protection.get(p.id.as_str()).copied().unwrap_or_default()
+                };
                 Some(PodProtection {
                     cgroups,
                     memory_min: min,
                     memory_low: low,
+                    kubelet,
                 })
             })
             .collect();
@@ -327,6 +396,16 @@ pub fn audit(
             .iter()
             .map(|p| (p.cgroups.pod.clone(), p.cgroups.class))
             .collect();
+        // The kubelet owns a QoS or kubepods cgroup once it owns a pod in it.
+        let kubelet_owned = |cg: &PathBuf| {
+            explicit
+                || pods.iter().any(|p| {
+                    p.kubelet
+                        && (&p.cgroups.pod == cg
+                            || &p.cgroups.kubepods == cg
+                            || p.cgroups.qos.as_ref() == Some(cg))
+                })
+        };
         let budget = plan::budget(
             node.memory_capacity,
             hierarchy.reserve_bytes,
@@ -340,18 +419,18 @@ pub fn audit(
                     .push(format!("no cgroup at {}", dir.display()));
                 continue;
             }
-            let checks = vec![
-                check(
-                    "memory.min",
-                    want.min.to_string(),
-                    read_trimmed(&dir.join("memory.min")),
-                ),
-                check(
-                    "memory.low",
-                    want.low.to_string(),
-                    read_trimmed(&dir.join("memory.low")),
-                ),
-            ];
+            let kubelet = kubelet_owned(&cg);
+            let checks: Vec<Check> = [("memory.min", want.min), ("memory.low", want.low)]
+                .into_iter()
+                .map(|(f, v)| {
+                    let actual = read_trimmed(&dir.join(f));
+                    if kubelet {
+                        owned(report_only(f, actual), Owner::Kubelet)
+                    } else {
+                        check(f, v.to_string(), actual)
+                    }
+                })
+                .collect();
             report.drift += checks.iter().filter(|c| !c.ok).count();
             report.hierarchy.push(Subject {
                 name: cg.display().to_string(),
@@ -371,6 +450,7 @@ pub fn render_table(r: &AuditReport) -> String {
         "SUBJECT".to_string(),
         "CLASS".into(),
         "KEY".into(),
+        "OWNER".into(),
         "EXPECTED".into(),
         "ACTUAL".into(),
         String::new(),
@@ -383,13 +463,16 @@ pub fn render_table(r: &AuditReport) -> String {
                     .map(|c| format!("{c:?}"))
                     .unwrap_or_else(|| "-".into()),
                 c.key.clone(),
-                c.expected.clone().unwrap_or_else(|| "(runtime)".into()),
+                c.owner.label().to_string(),
+                c.expected
+                    .clone()
+                    .unwrap_or_else(|| format!("({})", c.owner.label())),
                 c.actual.clone(),
                 if c.ok { String::new() } else { "DRIFT".into() },
             ]);
         }
     }
-    let widths: Vec<usize> = (0..6)
+    let widths: Vec<usize> = (0..7)
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();
     for row in rows {

@@ -102,6 +102,15 @@ struct ExplainArgs {
     /// Config file whose [policy] to use (default: the built-in defaults).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// The kubelet's version: its Memory QoS defaults (factor 0.9 before 1.37, none from 1.37).
+    #[arg(long, default_value = "1.37")]
+    kubelet_version: String,
+    /// The kubelet's Memory QoS: none, alpha (1.27-1.35) or tiered (1.36+ TieredReservation).
+    #[arg(long, default_value = "none")]
+    kubelet_memory_qos: String,
+    /// The kubelet's memoryThrottlingFactor (memory.high), in (0, 1].
+    #[arg(long)]
+    memory_throttling_factor: Option<f64>,
 }
 
 fn run_explain(args: ExplainArgs) -> anyhow::Result<()> {
@@ -138,7 +147,20 @@ fn run_explain(args: ExplainArgs) -> anyhow::Result<()> {
         driver,
         cgroup_v2: !args.cgroup_v1,
     };
-    let report = explain::explain(&yaml, &node, &cfg.policy)
+    let mode = match args.kubelet_memory_qos.as_str() {
+        "none" => explain::KubeletMode::None,
+        "alpha" => explain::KubeletMode::Alpha,
+        "tiered" => explain::KubeletMode::Tiered,
+        other => bail!("--kubelet-memory-qos must be none, alpha or tiered, not {other:?}"),
+    };
+    let kubelet = explain::KubeletMemoryQosSim::for_version(
+        &args.kubelet_version,
+        Some(mode),
+        args.memory_throttling_factor,
+    )
+    .map_err(anyhow::Error::msg)
+    .context("--kubelet-version / --kubelet-memory-qos / --memory-throttling-factor")?;
+    let report = explain::explain_with(&yaml, &node, &cfg.policy, &kubelet)
         .with_context(|| format!("explaining {}", args.manifest.display()))?;
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -373,6 +395,7 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
         dry_run: cfg.plugin.dry_run,
         adjust_existing: cfg.plugin.adjust_existing,
         proc_root: cfg.node.proc_root.clone(),
+        cgroup_root: cfg.node.cgroup_root.clone(),
     });
     // Optional and never required: without credentials, or when they do not
     // work, the plugin runs on the runtime's facts alone, as it always did.
@@ -414,6 +437,7 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
                 plugin.registry(),
                 plugin.subscribe_changes(),
                 std::time::Duration::from_secs(cfg.hierarchy.resync_seconds.max(1)),
+                Some(plugin.metrics()),
             ));
         }
         if !node.cgroup_v2 {

@@ -114,6 +114,9 @@ pub struct Metrics {
     /// The optional Kubernetes API source (`crate::kube`); its series
     /// appear only when it runs.
     kube: KubeMetrics,
+    /// Pod, QoS and kubepods cgroups whose protection each owner writes,
+    /// in [`PROTECTION_OWNERS`] order.
+    protection_owners: Box<[AtomicU64]>,
 }
 
 /// Outcomes of an Eviction through the API server (`outcome`).
@@ -127,6 +130,9 @@ struct KubeMetrics {
     lag_micros: AtomicU64,
     evictions: [AtomicU64; 3],
 }
+
+/// `owner` label values of `nri_qos_protection_cgroups`.
+pub const PROTECTION_OWNERS: &[&str] = &["kubelet", "nri-qos"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -154,6 +160,7 @@ impl Metrics {
             hook_count: AtomicU64::new(0),
             runtime_connected: AtomicBool::new(false),
             kube: KubeMetrics::default(),
+            protection_owners: counters(PROTECTION_OWNERS.len()),
         }
     }
 
@@ -266,6 +273,13 @@ impl Metrics {
         }
     }
 
+    /// How many pod, QoS and kubepods cgroups the kubelet's Memory QoS and
+    /// nri-qos each own (the hierarchy keeper's decisions).
+    pub fn set_protection_owners(&self, kubelet: u64, nri_qos: u64) {
+        self.protection_owners[0].store(kubelet, Ordering::Relaxed);
+        self.protection_owners[1].store(nri_qos, Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition (format 0.0.4) of every metric.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
@@ -362,6 +376,17 @@ impl Metrics {
             u8::from(self.runtime_connected.load(Ordering::Relaxed))
         );
         self.render_kube(o);
+
+        header(
+            o,
+            "nri_qos_protection_cgroups",
+            "gauge",
+            "Pod, QoS and kubepods cgroups whose memory.min/low each owner writes (the kubelet's Memory QoS or nri-qos).",
+        );
+        for (i, owner) in PROTECTION_OWNERS.iter().enumerate() {
+            let v = self.protection_owners[i].load(Ordering::Relaxed);
+            let _ = writeln!(o, "nri_qos_protection_cgroups{{owner=\"{owner}\"}} {v}");
+        }
         out
     }
 }
@@ -656,6 +681,10 @@ mod tests {
             text.contains("nri_qos_kube_watch_lag_seconds 1.5"),
             "{text}"
         );
+        m.set_protection_owners(3, 5);
+        let text = m.render();
+        assert!(text.contains("nri_qos_protection_cgroups{owner=\"kubelet\"} 3"));
+        assert!(text.contains("nri_qos_protection_cgroups{owner=\"nri-qos\"} 5"));
     }
 
     #[test]

@@ -235,3 +235,85 @@ fn a_runtime_value_the_policy_does_not_claim_is_not_drift() {
     );
     assert_eq!(report.drift, 1, "{}", audit::render_table(&report));
 }
+
+/// Issue 14: a pod the kubelet's Memory QoS (TieredReservation, factor 0.9)
+/// protects. Its values are the kubelet's — never drift, owner `kubelet` —
+/// whether the runtime shows its `unified` keys (containerd 2.2+) or hides
+/// them (the pod cgroup carried protection before nri-qos wrote anything).
+#[test]
+fn kubelet_memory_qos_values_are_owned_by_the_kubelet_and_never_drift() {
+    const REQ: u64 = 128 << 20;
+    const HIGH: u64 = 496_603_136;
+    for visible in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("cgroup");
+        let p = pod("b", "/kubepods/burstable/podb");
+        let mut c = container("cb", "b", 102, 50_000, 512 << 20, 993);
+        c.linux.mut_or_insert_default().cgroups_path = "/kubepods/burstable/podb/cb".into();
+        if visible {
+            let r = c
+                .linux
+                .mut_or_insert_default()
+                .resources
+                .mut_or_insert_default();
+            r.unified.insert("memory.low".into(), REQ.to_string());
+            r.unified.insert("memory.high".into(), HIGH.to_string());
+            r.unified.insert("memory.oom.group".into(), "1".into());
+        }
+        write_expected(&root, &p, &c);
+        let ctr = root.join("kubepods/burstable/podb/cb");
+        // What runc wrote from the kubelet's unified map, and the kubelet itself above.
+        std::fs::write(ctr.join("memory.low"), REQ.to_string()).unwrap();
+        std::fs::write(ctr.join("memory.high"), HIGH.to_string()).unwrap();
+        for (cg, min, low) in [
+            ("kubepods", REQ, 0),
+            ("kubepods/burstable", 0, REQ),
+            ("kubepods/burstable/podb", 0, REQ),
+        ] {
+            std::fs::create_dir_all(root.join(cg)).unwrap();
+            std::fs::write(root.join(cg).join("memory.min"), min.to_string()).unwrap();
+            std::fs::write(root.join(cg).join("memory.low"), low.to_string()).unwrap();
+        }
+        let snap = audit::Snapshot {
+            pods: vec![p],
+            containers: vec![c],
+        };
+        let report = audit::audit(
+            &snap,
+            &NODE,
+            &Default::default(),
+            &HierarchyConfig::default(),
+            &root,
+            Path::new("/nonexistent"),
+        );
+        let table = audit::render_table(&report);
+        assert_eq!(report.drift, 0, "visible {visible}:\n{table}");
+        for h in &report.hierarchy {
+            for ch in &h.checks {
+                assert_eq!(
+                    ch.owner.label(),
+                    "kubelet",
+                    "{} {}:\n{table}",
+                    h.cgroup,
+                    ch.key
+                );
+            }
+        }
+        assert_eq!(report.hierarchy.len(), 3, "{table}");
+        for key in ["memory.low", "memory.high"] {
+            let ch = report.containers[0]
+                .checks
+                .iter()
+                .find(|c| c.key == key)
+                .unwrap();
+            assert_eq!(ch.owner.label(), "kubelet", "{key}:\n{table}");
+        }
+        let w = report.containers[0]
+            .checks
+            .iter()
+            .find(|c| c.key == "cpu.weight")
+            .unwrap();
+        assert_eq!(w.owner.label(), "nri-qos");
+        assert!(table.contains("OWNER"), "{table}");
+    }
+}

@@ -81,9 +81,17 @@ fn e2e_containerd_1_7() {
     run_e2e_with("1.7", "external", ALL_SCENARIOS, &["--crictl"]);
 }
 
+/// 2.1 also plays a 1.37 kubelet with TieredReservation for 60 s
+/// (`kubeletqos`, about 100 s of VM time); last, since the kubelet then owns
+/// the QoS and kubepods protection until the plugin restarts.
 #[test]
 fn e2e_containerd_2_1() {
-    run_e2e_with("2.1", "prelaunched", ALL_SCENARIOS, &["--crictl"]);
+    run_e2e_with(
+        "2.1",
+        "prelaunched",
+        &format!("{ALL_SCENARIOS},kubeletqos"),
+        &["--crictl"],
+    );
 }
 
 /// CRI-O (NRI v0.12) with the plugin pre-launched: every scenario, the

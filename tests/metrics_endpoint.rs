@@ -205,6 +205,7 @@ fn scrape_parses_as_prometheus_text() {
         ("nri_qos_pressure", "gauge"),
         ("nri_qos_evictions_total", "counter"),
         ("nri_qos_runtime_connected", "gauge"),
+        ("nri_qos_protection_cgroups", "gauge"),
     ];
     for (name, ty) in expect {
         assert_eq!(types.get(name).map(String::as_str), Some(ty), "{name}");

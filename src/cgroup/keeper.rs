@@ -20,9 +20,10 @@ use thiserror::Error;
 use tracing::{debug, info, warn};
 
 use super::layout::{pod_cgroups, PodCgroups};
-use super::plan::{self, PodProtection, Protection, Write};
+use super::plan::{self, Owner, PodProtection, Protection, Write};
 use crate::nri::plugin::Registry;
 use crate::pressure::stat::read_populated;
+use crate::qos::KubeletMemoryQos;
 
 /// `[hierarchy]` in `config/nri-qos.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,6 +65,8 @@ pub enum KeeperError {
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PassReport {
     pub written: usize,
+    /// Cgroups whose protection the kubelet owns (never written).
+    pub kubelet_owned: usize,
     pub failed: usize,
     /// Cgroups not (yet) on disk: retried next time.
     pub missing: usize,
@@ -88,6 +91,13 @@ pub struct Keeper {
     warned_layouts: HashSet<String>,
     warned_budget: bool,
     stats: KeeperStats,
+    kubelet_memory_qos: KubeletMemoryQos,
+    /// Who owns each cgroup's protection, decided once (nri-qos may still
+    /// give way to the kubelet, never the other way round).
+    owners: HashMap<PathBuf, Owner>,
+    /// What we last wrote, or found and took as ours, per cgroup: anything
+    /// else appearing there was written by someone else.
+    ours: HashMap<PathBuf, Protection>,
 }
 
 /// Bound on unknown pod cgroups considered per pass (a node runs ~110 pods).
@@ -102,6 +112,15 @@ fn read_value(path: &Path) -> Option<u64> {
     t.parse().ok()
 }
 
+/// memory.min / memory.low of `cg` below `root` (0 where unreadable).
+pub fn read_protection(root: &Path, cg: &Path) -> Protection {
+    let dir = root.join(cg);
+    Protection {
+        min: read_value(&dir.join("memory.min")).unwrap_or(0),
+        low: read_value(&dir.join("memory.low")).unwrap_or(0),
+    }
+}
+
 impl Keeper {
     pub fn new(root: PathBuf, cfg: HierarchyConfig, mem_total: u64) -> Self {
         Keeper {
@@ -111,7 +130,80 @@ impl Keeper {
             warned_layouts: HashSet::new(),
             warned_budget: false,
             stats: KeeperStats::default(),
+            kubelet_memory_qos: KubeletMemoryQos::Auto,
+            owners: HashMap::new(),
+            ours: HashMap::new(),
         }
+    }
+
+    /// Ownership decided so far, per cgroup (relative to the root).
+    pub fn owners(&self) -> &HashMap<PathBuf, Owner> {
+        &self.owners
+    }
+
+    /// Decides (or confirms) who owns `cg`. `kubelet_signal`: the runtime's
+    /// view says the kubelet protects it; `tree_check`: whether a value on
+    /// disk above anything we would write counts before we ever wrote there.
+    fn decide_owner(
+        &mut self,
+        cg: &Path,
+        kubelet_signal: bool,
+        current: Protection,
+        targets: &[Protection],
+        tree_check: bool,
+    ) -> Owner {
+        let before = self.owners.get(cg).copied();
+        if before == Some(Owner::Kubelet) {
+            return Owner::Kubelet;
+        }
+        let ours = self.ours.get(cg).copied();
+        let kubelet = match self.kubelet_memory_qos {
+            KubeletMemoryQos::Alpha | KubeletMemoryQos::Tiered => true,
+            KubeletMemoryQos::None => false,
+            KubeletMemoryQos::Auto => {
+                kubelet_signal
+                    || match ours {
+                        Some(_) => plan::foreign(current, ours, targets),
+                        None => {
+                            tree_check
+                                && plan::exceeds(
+                                    current,
+                                    targets.iter().copied().fold(Protection::default(), |a, t| {
+                                        Protection {
+                                            min: a.min.max(t.min),
+                                            low: a.low.max(t.low),
+                                        }
+                                    }),
+                                )
+                        }
+                    }
+            }
+        };
+        let owner = if kubelet {
+            Owner::Kubelet
+        } else {
+            Owner::NriQos
+        };
+        if before != Some(owner) {
+            info!(
+                cgroup = %cg.display(),
+                owner = owner.label(),
+                memory_min = current.min,
+                memory_low = current.low,
+                "memory protection owner decided{}",
+                if kubelet { ": the kubelet's Memory QoS writes it, nri-qos never will" } else { "" }
+            );
+            self.owners.insert(cg.to_path_buf(), owner);
+        }
+        if owner == Owner::NriQos && ours.is_none() {
+            // What is there now is ours to change; a later change by anyone else is not.
+            self.ours.insert(cg.to_path_buf(), current);
+        }
+        owner
+    }
+
+    fn read_protection(&self, cg: &Path) -> Protection {
+        read_protection(&self.root, cg)
     }
 
     pub fn stats(&self) -> KeeperStats {
@@ -120,11 +212,21 @@ impl Keeper {
 
     /// Pod protection from the registry; unknown layouts are logged once.
     pub fn pods_from_registry(&mut self, reg: &Registry) -> Vec<PodProtection> {
-        let mut per_pod: HashMap<&str, (u64, u64)> = HashMap::new();
+        let mut per_pod: HashMap<&str, (u64, u64, bool)> = HashMap::new();
         for c in reg.containers.values() {
             let e = per_pod.entry(c.pod_id.as_str()).or_default();
             e.0 = e.0.saturating_add(c.memory_min);
             e.1 = e.1.saturating_add(c.memory_low);
+            e.2 |= c.kubelet_memory_qos;
+        }
+        // `[policy] kubelet-memory-qos` as in force: alpha/tiered give the
+        // kubelet every pod, QoS and kubepods cgroup; none keeps them ours.
+        self.kubelet_memory_qos = reg.kubelet_memory_qos;
+        // The plugin decides pods it saw the kubelet protect before any container.
+        for (cg, owner) in &reg.owners {
+            if *owner == Owner::Kubelet {
+                self.owners.insert(cg.clone(), Owner::Kubelet);
+            }
         }
         let mut out = Vec::new();
         for (pod_id, pod) in &reg.pods {
@@ -135,11 +237,12 @@ impl Keeper {
                 }
                 continue;
             };
-            let (min, low) = per_pod.get(pod_id.as_str()).copied().unwrap_or_default();
+            let (min, low, kubelet) = per_pod.get(pod_id.as_str()).copied().unwrap_or_default();
             out.push(PodProtection {
                 cgroups,
                 memory_min: min,
                 memory_low: low,
+                kubelet,
             });
         }
         out
@@ -223,6 +326,7 @@ impl Keeper {
                         cgroups,
                         memory_min,
                         memory_low,
+                        kubelet: false,
                     });
                 }
             }
@@ -240,6 +344,10 @@ impl Keeper {
             self.cfg.reserve_bytes,
             self.cfg.budget_share,
         );
+        // Decisions about cgroups that are gone go with them.
+        let root = self.root.clone();
+        self.owners.retain(|cg, _| root.join(cg).exists());
+        self.ours.retain(|cg, _| root.join(cg).exists());
         let unknown = self.unknown_pods(pods);
         if !unknown.is_empty() {
             debug!(
@@ -248,6 +356,38 @@ impl Keeper {
             );
         }
         let all: Vec<PodProtection> = pods.iter().chain(&unknown).cloned().collect();
+        let first = plan::targets(&all, budget);
+        let unscaled = plan::targets(&all, u64::MAX);
+        // Pod cgroups first: the kubelet owns a pod when a container came
+        // with its Memory QoS, or the cgroup holds protection we did not
+        // write (checked from the start: the kubelet writes a pod's values
+        // before its sandbox exists, and our own value from before a
+        // restart is never above what we would write now).
+        let mut kubelet_pods = Vec::new();
+        for p in pods {
+            let cg = &p.cgroups.pod;
+            if !self.root.join(cg).join("memory.min").exists() {
+                continue;
+            }
+            let current = self.read_protection(cg);
+            let targets =
+                [&first, &unscaled].map(|t| t.by_cgroup.get(cg).copied().unwrap_or_default());
+            if self.decide_owner(cg, p.kubelet, current, &targets, true) == Owner::Kubelet {
+                kubelet_pods.push(p.cgroups.clone());
+            }
+        }
+        // Kubelet-owned pods count in their parents with what they carry.
+        let all: Vec<PodProtection> = all
+            .into_iter()
+            .map(|mut p| {
+                if self.owners.get(&p.cgroups.pod) == Some(&Owner::Kubelet) {
+                    let cur = self.read_protection(&p.cgroups.pod);
+                    p.memory_min = cur.min;
+                    p.memory_low = cur.low;
+                }
+                p
+            })
+            .collect();
         let mut t = plan::targets(&all, budget);
         for p in &unknown {
             t.by_cgroup.remove(&p.cgroups.pod);
@@ -261,6 +401,25 @@ impl Keeper {
             }
             exists
         });
+        // QoS and kubepods: the kubelet's as soon as one of its pods is, or
+        // once a value we wrote there changes under us.
+        let parents: Vec<(PathBuf, Protection)> = t
+            .by_cgroup
+            .iter()
+            .filter(|(cg, _)| all.iter().all(|p| &p.cgroups.pod != *cg))
+            .map(|(cg, want)| (cg.clone(), *want))
+            .collect();
+        for (cg, want) in parents {
+            let signal = kubelet_pods
+                .iter()
+                .any(|p| p.kubepods == cg || p.qos.as_ref() == Some(&cg));
+            let current = self.read_protection(&cg);
+            self.decide_owner(&cg, signal, current, &[want], false);
+        }
+        let before = t.by_cgroup.len();
+        t.by_cgroup
+            .retain(|cg, _| self.owners.get(cg) != Some(&Owner::Kubelet));
+        let kubelet_owned = before - t.by_cgroup.len();
         if t.scaled && !self.warned_budget {
             warn!(
                 requested = t.requested,
@@ -274,6 +433,7 @@ impl Keeper {
         let current = self.current(&t.by_cgroup);
         let mut report = PassReport {
             missing,
+            kubelet_owned,
             scaled: t.scaled,
             requested: t.requested,
             budget: t.budget,
@@ -282,6 +442,12 @@ impl Keeper {
         for w in plan::ordered_writes(&t.by_cgroup, &current) {
             match self.write(&w) {
                 Ok(()) => {
+                    let ours = self.ours.entry(w.cgroup.clone()).or_default();
+                    if w.file == "memory.min" {
+                        ours.min = w.value;
+                    } else {
+                        ours.low = w.value;
+                    }
                     debug!(cgroup = %w.cgroup.display(), file = w.file, value = w.value, "protection written");
                     report.written += 1;
                 }
@@ -305,18 +471,36 @@ pub async fn run(
     registry: Arc<Mutex<Registry>>,
     mut changes: tokio::sync::watch::Receiver<u64>,
     resync: Duration,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 ) {
     let keeper = Arc::new(Mutex::new(keeper));
     loop {
         let reg = registry.clone();
         let k = keeper.clone();
+        let metrics = metrics.clone();
         let pass = tokio::task::spawn_blocking(move || {
             let mut k = k.lock().unwrap_or_else(|p| p.into_inner());
             let pods = {
                 let reg = reg.lock().unwrap_or_else(|p| p.into_inner());
                 k.pods_from_registry(&reg)
             };
-            k.reconcile(&pods)
+            let report = k.reconcile(&pods);
+            if let Some(m) = &metrics {
+                let kubelet = k
+                    .owners()
+                    .values()
+                    .filter(|o| **o == Owner::Kubelet)
+                    .count();
+                m.set_protection_owners(kubelet as u64, (k.owners().len() - kubelet) as u64);
+            }
+            // The plugin reads the decisions for later containers of these pods.
+            let mut reg = reg.lock().unwrap_or_else(|p| p.into_inner());
+            reg.owners
+                .retain(|cg, _| k.owners.contains_key(cg) || k.root.join(cg).exists());
+            for (cg, owner) in k.owners() {
+                reg.owners.insert(cg.clone(), *owner);
+            }
+            report
         })
         .await;
         match pass {
@@ -350,6 +534,7 @@ mod tests {
     use super::*;
     use crate::nri::plugin::{ContainerRecord, PodRecord};
     use crate::qos::{PodFacts, QosClass};
+    use std::collections::BTreeMap;
 
     fn tree(root: &Path, dirs: &[&str]) {
         for d in dirs {
@@ -389,6 +574,7 @@ mod tests {
                     request_source: crate::qos::RequestSource::Unknown,
                     memory_min: *min,
                     memory_low: *low,
+                    kubelet_memory_qos: false,
                     oom_score_adj: None,
                     cgroups_path: String::new(),
                 },
@@ -563,6 +749,240 @@ mod tests {
         assert_eq!(r.failed, 0);
         assert_eq!(read(root, "kubepods/poda", "memory.low"), 40960);
         assert_eq!(k.stats().failed_writes, 1);
+    }
+
+    /// A tiny deterministic generator: the test replays the same 10,000 steps.
+    struct XorShift(u64);
+    impl XorShift {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n.max(1)
+        }
+    }
+
+    #[test]
+    fn a_kubelet_writing_at_random_times_is_never_overwritten_and_other_pods_are_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(
+            root,
+            &["kubepods", "kubepods/burstable", "kubepods/besteffort"],
+        );
+        // Room for every pod: the budget never scales (another test covers that).
+        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 1 << 40);
+        let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+        let mut reg = Registry::default();
+        // Kubelet pods: cgroup -> (guaranteed, request). Its files and the
+        // values it last wrote there (or found when it took them over).
+        let mut kubelet_pods: BTreeMap<String, (bool, u64)> = BTreeMap::new();
+        let mut kubelet_files: BTreeMap<PathBuf, u64> = BTreeMap::new();
+        let mut kubelet_started = false;
+        let (mut next, mut passes, mut checked_kept) = (0u64, 0u64, 0u64);
+        let file = |cg: &str, f: &str| root.join(cg).join(f);
+        for step in 0..10_000 {
+            // About 20 pods at a time, like a busy node's churn.
+            let mut action = rng.below(11);
+            if action <= 2 && reg.pods.len() >= 24 {
+                action = 3;
+            }
+            match action {
+                // The kubelet creates a protected pod: cgroup and value before the sandbox.
+                0 | 1 => {
+                    next += 1;
+                    let guaranteed = rng.below(3) == 0;
+                    let req = (1 + rng.below(512)) << 20;
+                    let (parent, f) = if guaranteed {
+                        (format!("/kubepods/podk{next}"), "memory.min")
+                    } else {
+                        (format!("/kubepods/burstable/podk{next}"), "memory.low")
+                    };
+                    let cg = parent.trim_start_matches('/').to_string();
+                    tree(root, &[&cg]);
+                    std::fs::write(file(&cg, f), req.to_string()).unwrap();
+                    std::fs::write(file(&cg, "cgroup.events"), "populated 1\n").unwrap();
+                    kubelet_files.insert(file(&cg, "memory.min"), if guaranteed { req } else { 0 });
+                    kubelet_files.insert(file(&cg, "memory.low"), if guaranteed { 0 } else { req });
+                    if !kubelet_started {
+                        kubelet_started = true;
+                        for qos in ["kubepods", "kubepods/burstable"] {
+                            for f in ["memory.min", "memory.low"] {
+                                let v = read(root, qos, f);
+                                kubelet_files.insert(file(qos, f), v);
+                            }
+                        }
+                    }
+                    kubelet_pods.insert(cg, (guaranteed, req));
+                    // Half the runtimes show the kubelet's keys (containerd
+                    // 2.2+); the others hide them and the policy stays off.
+                    let visible = rng.below(2) == 0;
+                    let mut one = registry(&[(&format!("k{next}"), &parent, 0, 0)]);
+                    for c in one.containers.values_mut() {
+                        c.id = format!("k{next}");
+                        c.kubelet_memory_qos = visible;
+                        if visible {
+                            (c.memory_min, c.memory_low) =
+                                if guaranteed { (req, 0) } else { (0, req) };
+                        }
+                    }
+                    reg.pods.extend(one.pods);
+                    reg.containers
+                        .extend(one.containers.into_values().map(|c| (c.id.clone(), c)));
+                }
+                // A pod the kubelet does not protect: nri-qos's alone.
+                2 => {
+                    next += 1;
+                    let parent = format!("/kubepods/burstable/podu{next}");
+                    tree(root, &[parent.trim_start_matches('/')]);
+                    let low = (1 + rng.below(256)) << 20;
+                    let one = registry(&[(&format!("u{next}"), &parent, 0, low)]);
+                    reg.pods.extend(one.pods);
+                    for (_, mut c) in one.containers {
+                        c.id = format!("u{next}");
+                        reg.containers.insert(c.id.clone(), c);
+                    }
+                }
+                // A pod goes away (the kubelet removes its cgroup).
+                3 | 4 => {
+                    let ids: Vec<String> = reg.pods.keys().cloned().collect();
+                    if let Some(id) = ids.get(rng.below(ids.len() as u64) as usize) {
+                        let cg = pod_cgroups(&reg.pods[id].facts.cgroup_parent).unwrap().pod;
+                        reg.pods.remove(id);
+                        reg.containers.retain(|_, c| &c.pod_id != id);
+                        std::fs::remove_dir_all(root.join(&cg)).unwrap();
+                        let cg = cg.to_str().unwrap().to_string();
+                        kubelet_pods.remove(&cg);
+                        kubelet_files.retain(|f, _| !f.starts_with(root.join(&cg)));
+                    }
+                }
+                // The kubelet's QoS reconcile writes its own sums.
+                5 if kubelet_started => {
+                    let g: u64 = kubelet_pods
+                        .values()
+                        .filter(|(g, _)| *g)
+                        .map(|(_, r)| r)
+                        .sum();
+                    let b: u64 = kubelet_pods
+                        .values()
+                        .filter(|(g, _)| !*g)
+                        .map(|(_, r)| r)
+                        .sum();
+                    for (f, v) in [
+                        (file("kubepods", "memory.min"), g + b),
+                        (file("kubepods/burstable", "memory.low"), b),
+                    ] {
+                        std::fs::write(&f, v.to_string()).unwrap();
+                        kubelet_files.insert(f, v);
+                    }
+                }
+                // A keeper pass (an event or the resync tick).
+                _ => {
+                    let pods = k.pods_from_registry(&reg);
+                    let r = k.reconcile(&pods);
+                    assert_eq!(r.failed, 0, "step {step}");
+                    passes += 1;
+                    for (f, want) in &kubelet_files {
+                        let have = read_value(f).unwrap();
+                        assert_eq!(
+                            have,
+                            *want,
+                            "step {step}: nri-qos wrote the kubelet's {}",
+                            f.display()
+                        );
+                    }
+                    // Pods the kubelet does not protect carry their containers' sum.
+                    for (id, p) in &reg.pods {
+                        if !id.starts_with('u') {
+                            continue;
+                        }
+                        let cg = pod_cgroups(&p.facts.cgroup_parent).unwrap().pod;
+                        let want: u64 = reg
+                            .containers
+                            .values()
+                            .filter(|c| &c.pod_id == id)
+                            .map(|c| c.memory_low)
+                            .sum();
+                        assert_eq!(
+                            read(root, cg.to_str().unwrap(), "memory.low"),
+                            want,
+                            "step {step}: {id}"
+                        );
+                        checked_kept += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            passes > 2500 && checked_kept > 1000,
+            "{passes} passes, {checked_kept} kept pods checked"
+        );
+        assert!(k.owners().values().any(|o| *o == Owner::Kubelet));
+    }
+
+    #[test]
+    fn a_restart_under_a_changed_budget_scale_keeps_our_own_pods() {
+        // Our scaled values from before a restart are below what we would
+        // write now; they must not look like the kubelet's.
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(
+            root,
+            &[
+                "kubepods",
+                "kubepods/burstable",
+                "kubepods/poda",
+                "kubepods/burstable/podb",
+            ],
+        );
+        let cfg = HierarchyConfig {
+            budget_share: 0.5,
+            reserve_bytes: 0,
+            ..Default::default()
+        };
+        let mut reg = registry(&[("a", "/kubepods/poda", 3 << 30, 0)]);
+        let mut k = Keeper::new(root.to_path_buf(), cfg.clone(), 4 << 30);
+        let pods = k.pods_from_registry(&reg);
+        assert!(k.reconcile(&pods).scaled);
+        // Restart; meanwhile another pod came, so the scale differs.
+        let more = registry(&[("b", "/kubepods/burstable/podb", 0, 1 << 30)]);
+        reg.pods.extend(more.pods);
+        reg.containers
+            .extend(more.containers.into_values().map(|mut c| {
+                c.id = "cb".into();
+                (c.id.clone(), c)
+            }));
+        let mut k2 = Keeper::new(root.to_path_buf(), cfg, 4 << 30);
+        let pods = k2.pods_from_registry(&reg);
+        let r = k2.reconcile(&pods);
+        assert_eq!(r.kubelet_owned, 0, "{:?}", k2.owners());
+        assert!(k2.owners().values().all(|o| *o == Owner::NriQos));
+        assert_eq!(
+            read(root, "kubepods/poda", "memory.min")
+                + read(root, "kubepods/burstable/podb", "memory.low"),
+            2 << 30
+        );
+    }
+
+    #[test]
+    fn the_operators_setting_decides_without_detection() {
+        for (setting, written) in [
+            (KubeletMemoryQos::Tiered, 0),
+            (KubeletMemoryQos::Alpha, 0),
+            (KubeletMemoryQos::None, 3),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = dir.path();
+            tree(
+                root,
+                &["kubepods", "kubepods/burstable", "kubepods/burstable/poda"],
+            );
+            let mut reg = registry(&[("a", "/kubepods/burstable/poda", 0, 40960)]);
+            reg.kubelet_memory_qos = setting;
+            let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+            let pods = k.pods_from_registry(&reg);
+            assert_eq!(k.reconcile(&pods).written, written, "{setting:?}");
+        }
     }
 
     #[test]

@@ -10,6 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use serde::Serialize;
+
 use super::layout::PodCgroups;
 
 /// Protection one pod's containers ask for.
@@ -18,6 +20,47 @@ pub struct PodProtection {
     pub cgroups: PodCgroups,
     pub memory_min: u64,
     pub memory_low: u64,
+    /// A container of the pod arrived with the kubelet's Memory QoS (its
+    /// keys, or a pod cgroup the kubelet had protected before the sandbox).
+    pub kubelet: bool,
+}
+
+/// Who writes a value: decided once per cgroup (and only ever moved from
+/// nri-qos to the kubelet), so two writers never take turns on one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Owner {
+    /// The kubelet's Memory QoS: never written, never drift.
+    Kubelet,
+    /// nri-qos sets it (container adjustment or the hierarchy keeper).
+    NriQos,
+    /// Left to the runtime as the CRI request had it.
+    Runtime,
+}
+
+impl Owner {
+    pub fn label(self) -> &'static str {
+        match self {
+            Owner::Kubelet => "kubelet",
+            Owner::NriQos => "nri-qos",
+            Owner::Runtime => "runtime",
+        }
+    }
+}
+
+/// A value that changed under us: not what we last wrote (or found and took
+/// as ours) and not what we would write now.
+pub fn foreign(current: Protection, ours: Option<Protection>, targets: &[Protection]) -> bool {
+    current != Protection::default() && Some(current) != ours && !targets.contains(&current)
+}
+
+/// With no record of what we wrote (a restart, `audit`): more protection
+/// than our own policy gives the cgroup before any budget scaling is
+/// someone else's. Our earlier values never exceed it (scaling only lowers
+/// them), while the kubelet's exact requests exceed our estimates and its
+/// alpha memory.min sits where we would write memory.low.
+pub fn exceeds(current: Protection, ours_unscaled: Protection) -> bool {
+    current.min > ours_unscaled.min || current.low > ours_unscaled.low
 }
 
 /// Target memory.min / memory.low for one kubelet-owned cgroup.
@@ -155,6 +198,7 @@ mod tests {
             cgroups: pod_cgroups(parent).unwrap(),
             memory_min: min,
             memory_low: low,
+            kubelet: false,
         }
     }
 
@@ -286,6 +330,7 @@ mod tests {
                             cgroups: pod_cgroups(&parent).unwrap(),
                             memory_min: min,
                             memory_low: low,
+                            kubelet: false,
                         }
                     })
                     .collect()

@@ -51,6 +51,7 @@ pub fn pod_from_wire(pod: &api::PodSandbox) -> PodFacts {
         resources: linux
             .and_then(|l| l.pod_resources.as_ref())
             .map(resources_from_wire),
+        kubelet_memory_qos: false,
     }
 }
 

@@ -13,7 +13,9 @@ use crate::qos::RequestSource;
 
 fn monitor_source(s: RequestSource) -> MonitorSource {
     match s {
-        RequestSource::UnifiedMemoryMin => MonitorSource::UnifiedMemoryQos,
+        RequestSource::UnifiedMemoryMin | RequestSource::UnifiedMemoryLow => {
+            MonitorSource::UnifiedMemoryQos
+        }
         RequestSource::Annotation => MonitorSource::PodSpec,
         RequestSource::ApiServer => MonitorSource::ApiServer,
         RequestSource::GuaranteedLimit => MonitorSource::CgroupPodMax,

@@ -20,6 +20,9 @@ use super::convert;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
 use super::reassembly::{Complete, SyncReassembler};
+use crate::cgroup::keeper::read_protection;
+use crate::cgroup::layout::pod_cgroups;
+use crate::cgroup::plan::{Owner, Protection, PAGE_SIZE};
 use crate::metrics::Metrics;
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
@@ -60,6 +63,9 @@ pub struct PluginSettings {
     pub adjust_existing: bool,
     /// Where `/proc` is, for the oom_score_adj fallback on old runtimes.
     pub proc_root: PathBuf,
+    /// The cgroup v2 mount point: a pod cgroup the kubelet protected before
+    /// the sandbox tells of its Memory QoS where `unified` is hidden.
+    pub cgroup_root: PathBuf,
 }
 
 /// What Configure told us about the runtime.
@@ -93,16 +99,37 @@ pub struct ContainerRecord {
     /// memory.min / memory.low we asked the runtime to set (bytes).
     pub memory_min: u64,
     pub memory_low: u64,
+    /// It came with the kubelet's Memory QoS (its keys, or its pod's cgroup
+    /// was the kubelet's): the pod's protection is the kubelet's.
+    pub kubelet_memory_qos: bool,
     pub oom_score_adj: Option<i64>,
     pub cgroups_path: String,
 }
 
 /// The runtime's view of pods and containers, rebuilt on every Synchronize.
 /// The hierarchy keeper and the pressure monitor read it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Registry {
     pub pods: HashMap<String, PodRecord>,
     pub containers: HashMap<String, ContainerRecord>,
+    /// Who owns each pod/QoS/kubepods cgroup's protection, decided once by
+    /// the plugin (a pod the kubelet protected before its sandbox) or the
+    /// hierarchy keeper; kept across Synchronize.
+    pub owners: HashMap<PathBuf, Owner>,
+    /// `[policy] kubelet-memory-qos` as in force (the runtime's drop-in may
+    /// set it after start), for the keeper.
+    pub kubelet_memory_qos: qos::KubeletMemoryQos,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry {
+            pods: HashMap::new(),
+            containers: HashMap::new(),
+            owners: HashMap::new(),
+            kubelet_memory_qos: qos::KubeletMemoryQos::Auto,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -147,6 +174,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl QosPlugin {
     pub fn new(settings: PluginSettings) -> Self {
+        let kubelet_memory_qos = settings.policy.kubelet_memory_qos;
         QosPlugin {
             live: RwLock::new(LiveSettings {
                 policy: Arc::new(settings.policy.clone()),
@@ -155,7 +183,10 @@ impl QosPlugin {
             settings,
             runtime: Mutex::new(None),
             sync: Mutex::new(SyncReassembler::default()),
-            registry: Arc::new(Mutex::new(Registry::default())),
+            registry: Arc::new(Mutex::new(Registry {
+                kubelet_memory_qos,
+                ..Registry::default()
+            })),
             counters: Mutex::new(Counters::default()),
             configured: watch::channel(false).0,
             changed: watch::channel(0).0,
@@ -240,6 +271,7 @@ impl QosPlugin {
         let base = self.settings.policy.clone();
         match layer_drop_in(&base, self.settings.dry_run, text) {
             Ok((policy, dry_run)) => {
+                lock(&self.registry).kubelet_memory_qos = policy.kubelet_memory_qos;
                 let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
                 live.policy = Arc::new(policy);
                 live.dry_run = dry_run;
@@ -272,33 +304,7 @@ impl QosPlugin {
         container: &api::Container,
         resources_override: Option<&api::LinuxResources>,
     ) -> qos::Decision {
-        let pod_facts = convert::pod_from_wire(pod);
-        let policy = self.live().policy;
-        let (decision, record) =
-            self.decide(pod, &pod_facts, container, resources_override, &policy);
-        let mut reg = lock(&self.registry);
-        reg.pods.insert(
-            pod.id.clone(),
-            PodRecord {
-                id: pod.id.clone(),
-                facts: pod_facts,
-            },
-        );
-        reg.containers.insert(container.id.clone(), record);
-        drop(reg);
-        self.notify_changed();
-        decision
-    }
-
-    /// The policy's decision for one container and the record we keep of it.
-    fn decide(
-        &self,
-        pod: &api::PodSandbox,
-        pod_facts: &qos::PodFacts,
-        container: &api::Container,
-        resources_override: Option<&api::LinuxResources>,
-        policy: &PolicyConfig,
-    ) -> (qos::Decision, ContainerRecord) {
+        let mut pod_facts = convert::pod_from_wire(pod);
         let mut facts = convert::container_from_wire(container);
         if let Some(r) = resources_override {
             facts.resources = convert::resources_from_wire(r);
@@ -307,7 +313,9 @@ impl QosPlugin {
             facts.api_memory_request = api.container_request(&facts.name);
         }
         let started = Instant::now();
-        let decision = decide_or_leave_alone(pod_facts, &facts, &self.settings.node, policy);
+        let policy = self.live().policy;
+        pod_facts.kubelet_memory_qos = self.kubelet_owns_pod(&pod.id, &pod_facts, &policy);
+        let decision = decide_or_leave_alone(&pod_facts, &facts, &self.settings.node, &policy);
         debug!(
             pod = %format_args!("{}/{}", pod_facts.namespace, pod_facts.name),
             container = %facts.name,
@@ -344,10 +352,97 @@ impl QosPlugin {
             request_source: decision.request_source,
             memory_min: bytes("memory.min"),
             memory_low: bytes("memory.low"),
+            kubelet_memory_qos: pod_facts.kubelet_memory_qos
+                || qos::policy::kubelet_memory_qos_keys(&facts.resources),
             oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
-            cgroups_path: facts.cgroups_path,
+            cgroups_path: facts.cgroups_path.clone(),
         };
-        (decision, record)
+        let mut reg = lock(&self.registry);
+        reg.pods.insert(
+            pod.id.clone(),
+            PodRecord {
+                id: pod.id.clone(),
+                facts: pod_facts,
+            },
+        );
+        reg.containers.insert(container.id.clone(), record);
+        drop(reg);
+        self.notify_changed();
+        decision
+    }
+
+    /// Whether the kubelet's Memory QoS protects this pod where the runtime
+    /// hides its keys (auto mode). Decided once per pod cgroup: when the
+    /// plugin first sees the pod, protection already in its cgroup is the
+    /// kubelet's (it writes it before creating the sandbox; we only write a
+    /// pod after we know it); later the keeper's decision stands.
+    fn kubelet_owns_pod(&self, pod_id: &str, pod: &qos::PodFacts, policy: &PolicyConfig) -> bool {
+        if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !self.settings.node.cgroup_v2
+        {
+            return false;
+        }
+        let Some(cg) = pod_cgroups(&pod.cgroup_parent) else {
+            return false;
+        };
+        let mut reg = lock(&self.registry);
+        if let Some(owner) = reg.owners.get(&cg.pod) {
+            return *owner == Owner::Kubelet;
+        }
+        let first_sight = !reg.pods.contains_key(pod_id);
+        if !first_sight {
+            return false;
+        }
+        let Protection { min, low } = read_protection(&self.settings.cgroup_root, &cg.pod);
+        if min == 0 && low == 0 {
+            return false;
+        }
+        info!(
+            cgroup = %cg.pod.display(),
+            memory_min = min,
+            memory_low = low,
+            owner = Owner::Kubelet.label(),
+            "pod cgroup protected before its sandbox: the kubelet's Memory QoS owns its protection; container memory.min/low/high left to it"
+        );
+        reg.owners.insert(cg.pod, Owner::Kubelet);
+        true
+    }
+
+    /// After a restart nothing says what we wrote before: a pod cgroup with
+    /// more protection than our own policy gives its containers was
+    /// protected by the kubelet (the keeper and `audit` apply the same rule),
+    /// and its containers must not get ours in this Synchronize either.
+    fn recover_pod_owners(
+        &self,
+        buf: &super::reassembly::Snapshot,
+        pods: &HashMap<&str, &api::PodSandbox>,
+    ) {
+        let policy = self.live().policy;
+        if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !self.settings.node.cgroup_v2
+        {
+            return;
+        }
+        let sums = own_pod_protection(&buf.containers, pods, &self.settings.node, &policy);
+        let mut reg = lock(&self.registry);
+        for p in &buf.pods {
+            let Some(cg) = pod_cgroups(&p.linux.cgroup_parent) else {
+                continue;
+            };
+            if reg.owners.contains_key(&cg.pod) {
+                continue;
+            }
+            let on_disk = read_protection(&self.settings.cgroup_root, &cg.pod);
+            let ours = sums.get(p.id.as_str()).copied().unwrap_or_default();
+            if crate::cgroup::plan::exceeds(on_disk, ours) {
+                info!(
+                    cgroup = %cg.pod.display(),
+                    memory_min = on_disk.min,
+                    memory_low = on_disk.low,
+                    owner = Owner::Kubelet.label(),
+                    "pod cgroup holds more protection than nri-qos would write: the kubelet's Memory QoS owns it"
+                );
+                reg.owners.insert(cg.pod, Owner::Kubelet);
+            }
+        }
     }
 
     fn forget_container(&self, id: &str) {
@@ -404,29 +499,34 @@ impl QosPlugin {
         }
     }
 
-    /// Rebuilds the registry from a whole Synchronize: each pod converted
-    /// once, the new registry filled without the lock and put in place at
-    /// once, one change notification.
     fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
         let buf = whole.snapshot;
-        let live = self.live();
-        let adjust = self.settings.adjust_existing && !live.dry_run;
-        // The old registry goes first, so the two never coexist at the peak.
-        drop(std::mem::take(&mut *lock(&self.registry)));
-        let mut fresh = Registry::default();
-        fresh.pods.reserve(buf.pods.len());
-        fresh.containers.reserve(buf.containers.len());
-        let mut pods: HashMap<&str, (&api::PodSandbox, PodRecord)> =
-            HashMap::with_capacity(buf.pods.len());
-        for p in &buf.pods {
-            let record = PodRecord {
-                id: p.id.clone(),
-                facts: convert::pod_from_wire(p),
+        let mut skipped = 0usize;
+        {
+            let mut reg = lock(&self.registry);
+            let owners = std::mem::take(&mut reg.owners);
+            *reg = Registry {
+                owners,
+                kubelet_memory_qos: reg.kubelet_memory_qos,
+                ..Registry::default()
             };
-            pods.insert(p.id.as_str(), (p, record));
+        }
+        let pods: HashMap<&str, &api::PodSandbox> =
+            buf.pods.iter().map(|p| (p.id.as_str(), p)).collect();
+        self.recover_pod_owners(&buf, &pods);
+        // Every pod is known before its containers are decided: in a
+        // Synchronize nothing is seen for the first time (the tree rule for
+        // restarts above decided who owns them).
+        for p in &buf.pods {
+            lock(&self.registry)
+                .pods
+                .entry(p.id.clone())
+                .or_insert_with(|| PodRecord {
+                    id: p.id.clone(),
+                    facts: convert::pod_from_wire(p),
+                });
         }
         let mut updates = Vec::new();
-        let mut skipped = 0usize;
         for (i, c) in buf.containers.iter().enumerate() {
             // Answer in time with what we have rather than be dropped for
             // being late; the rest is learnt from later events.
@@ -434,17 +534,16 @@ impl QosPlugin {
                 skipped = buf.containers.len() - i;
                 break;
             }
-            let Some((pod, pod_record)) = pods.get(c.pod_sandbox_id.as_str()) else {
+            let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
                 debug!(container = %c.id, "synchronized container without a known pod; skipped");
                 continue;
             };
-            let (decision, record) = self.decide(pod, &pod_record.facts, c, None, &live.policy);
-            fresh.containers.insert(c.id.clone(), record);
+            let decision = self.decide_and_record(pod, c, None);
             let running = matches!(
                 c.state.enum_value(),
                 Ok(api::ContainerState::CONTAINER_RUNNING | api::ContainerState::CONTAINER_CREATED)
             );
-            if !adjust || !running {
+            if !self.settings.adjust_existing || self.dry_run() || !running {
                 continue;
             }
             // oom_score_adj cannot travel in an update; the runtime applies
@@ -453,11 +552,6 @@ impl QosPlugin {
                 updates.push(u);
             }
         }
-        fresh.pods = pods
-            .into_values()
-            .map(|(_, record)| (record.id.clone(), record))
-            .collect();
-        *lock(&self.registry) = fresh;
         self.notify_changed();
         let mut counters = lock(&self.counters);
         counters.synchronized += buf.containers.len() as u64;
@@ -507,6 +601,39 @@ fn decide_or_leave_alone(
             notes: Vec::new(),
         }
     })
+}
+
+/// Per pod id, the protection nri-qos itself would give the pod cgroup: the
+/// sum of its containers' memory.min/low under our policy, in whole pages.
+pub fn own_pod_protection(
+    containers: &[api::Container],
+    pods: &HashMap<&str, &api::PodSandbox>,
+    node: &NodeFacts,
+    policy: &PolicyConfig,
+) -> HashMap<String, Protection> {
+    let mut sums: HashMap<String, Protection> = HashMap::new();
+    for c in containers {
+        let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
+            continue;
+        };
+        let facts = convert::container_from_wire(c);
+        let d = decide_or_leave_alone(&convert::pod_from_wire(pod), &facts, node, policy);
+        let eff = qos::policy::effective(&facts.resources, &d.adjustment);
+        let bytes = |k: &str| {
+            eff.unified
+                .get(k)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let e = sums.entry(c.pod_sandbox_id.clone()).or_default();
+        e.min = e.min.saturating_add(bytes("memory.min"));
+        e.low = e.low.saturating_add(bytes("memory.low"));
+    }
+    for p in sums.values_mut() {
+        p.min -= p.min % PAGE_SIZE;
+        p.low -= p.low % PAGE_SIZE;
+    }
+    sums
 }
 
 /// `base` with the drop-in's `[policy]` keys and `plugin.dry-run` on top.
@@ -713,6 +840,8 @@ impl Plugin for QosPlugin {
             Ok(api::Event::REMOVE_CONTAINER) => self.forget_container(&req.container.id),
             Ok(api::Event::REMOVE_POD_SANDBOX) => self.forget_pod(&req.pod.id),
             Ok(api::Event::RUN_POD_SANDBOX) => {
+                let facts = convert::pod_from_wire(&req.pod);
+                self.kubelet_owns_pod(&req.pod.id, &facts, &self.live().policy);
                 let mut reg = lock(&self.registry);
                 reg.pods.insert(
                     req.pod.id.clone(),
@@ -819,6 +948,114 @@ mod tests {
                 .contains("cpu-wieght")
         );
         assert!(layer_drop_in(&base, false, "[policy]\nmemory-throttling-factor = 7.0\n").is_err());
+    }
+
+    fn kubelet_pod(root: &std::path::Path, id: &str, low: u64) -> api::PodSandbox {
+        let cg = root.join(format!("kubepods/burstable/pod{id}"));
+        std::fs::create_dir_all(&cg).unwrap();
+        std::fs::write(cg.join("memory.min"), "0").unwrap();
+        std::fs::write(cg.join("memory.low"), low.to_string()).unwrap();
+        let mut linux = api::LinuxPodSandbox::new();
+        linux.cgroup_parent = format!("/kubepods/burstable/pod{id}");
+        api::PodSandbox {
+            id: id.into(),
+            name: id.into(),
+            linux: protobuf::MessageField::some(linux),
+            ..Default::default()
+        }
+    }
+
+    /// A Burstable 64Mi → 512Mi container as containerd < 2.2 shows it: no
+    /// `unified`, the kubelet's oom_score_adj (997 on 16 GiB).
+    fn hidden_container(id: &str, pod: &str) -> api::Container {
+        let mut mem = api::LinuxMemory::new();
+        mem.limit = protobuf::MessageField::some(api::OptionalInt64 {
+            value: 512 << 20,
+            ..Default::default()
+        });
+        let mut res = api::LinuxResources::new();
+        res.memory = protobuf::MessageField::some(mem);
+        let mut linux = api::LinuxContainer::new();
+        linux.resources = protobuf::MessageField::some(res);
+        linux.oom_score_adj = protobuf::MessageField::some(api::OptionalInt {
+            value: 997,
+            ..Default::default()
+        });
+        api::Container {
+            id: id.into(),
+            pod_sandbox_id: pod.into(),
+            name: "app".into(),
+            state: protobuf::EnumOrUnknown::new(api::ContainerState::CONTAINER_RUNNING),
+            linux: protobuf::MessageField::some(linux),
+            ..Default::default()
+        }
+    }
+
+    fn plugin(root: &std::path::Path) -> QosPlugin {
+        QosPlugin::new(PluginSettings {
+            policy: PolicyConfig::default(),
+            node: NodeFacts {
+                memory_capacity: 16 << 30,
+                memory_allocatable: 15 << 30,
+                page_size: 4096,
+                cgroup_v2: true,
+            },
+            dry_run: false,
+            adjust_existing: true,
+            proc_root: "/nonexistent".into(),
+            cgroup_root: root.to_path_buf(),
+        })
+    }
+
+    #[test]
+    fn a_pod_the_kubelet_protected_before_its_sandbox_keeps_the_kubelets_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = plugin(dir.path());
+        let policy = p.live().policy;
+        // First sight (RunPodSandbox): the kubelet's memory.low is already there.
+        let kp = kubelet_pod(dir.path(), "k", 64 << 20);
+        assert!(p.kubelet_owns_pod("k", &convert::pod_from_wire(&kp), &policy));
+        let d = p.decide_and_record(&kp, &hidden_container("c1", "k"), None);
+        for key in ["memory.min", "memory.low", "memory.high"] {
+            assert!(!d.adjustment.unified.contains_key(key), "{key}: {d:?}");
+        }
+        assert!(lock(&p.registry).containers["c1"].kubelet_memory_qos);
+        // A pod with nothing in its cgroup is ours, as before.
+        let ours = kubelet_pod(dir.path(), "n", 0);
+        assert!(!p.kubelet_owns_pod("n", &convert::pod_from_wire(&ours), &policy));
+        let d = p.decide_and_record(&ours, &hidden_container("c2", "n"), None);
+        assert!(d.adjustment.unified.contains_key("memory.low"), "{d:?}");
+
+        // A restarted plugin reaches the same decision from the tree: the
+        // kubelet's 64Mi is above our 49.2Mi estimate; our own value is not.
+        std::fs::write(
+            dir.path().join("kubepods/burstable/podn/memory.low"),
+            "51380224",
+        )
+        .unwrap();
+        let p2 = plugin(dir.path());
+        let updates = p2.finish_sync(Complete {
+            snapshot: super::super::reassembly::Snapshot {
+                pods: vec![kp, ours],
+                containers: vec![hidden_container("c1", "k"), hidden_container("c2", "n")],
+            },
+            ..Default::default()
+        });
+        let reg = lock(&p2.registry);
+        assert!(reg.containers["c1"].kubelet_memory_qos);
+        assert!(!reg.containers["c2"].kubelet_memory_qos);
+        assert_eq!(reg.owners.len(), 1, "{:?}", reg.owners);
+        drop(reg);
+        let touched: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
+        assert!(
+            updates.iter().filter(|u| u.container_id == "c1").all(|u| u
+                .linux
+                .resources
+                .as_ref()
+                .is_none_or(|r| !r.unified.contains_key("memory.low")
+                    && !r.unified.contains_key("memory.high"))),
+            "{touched:?}"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::formulas as f;
 use super::pod::{parse_pod, CpuMem, ManifestError, Pod, Resolved};
 use super::policy::{self, PolicyConfig, WeightConversion};
 use super::{ContainerFacts, NodeFacts, PodFacts, QosClass, RequestSource, Resources};
+use crate::cgroup::plan::Owner;
 
 #[derive(Debug, Error)]
 pub enum ExplainError {
@@ -36,6 +37,115 @@ pub struct NodeSpec {
     pub page_size: u64,
     pub driver: Driver,
     pub cgroup_v2: bool,
+}
+
+/// The kubelet's Memory QoS as `explain` simulates it (KEP-2570,
+/// kubelet-qos.md §4): which protection it sends in the CRI `unified` map
+/// and its memoryThrottlingFactor (memory.high), if any.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KubeletMemoryQosSim {
+    pub mode: KubeletMode,
+    pub throttling_factor: Option<f64>,
+    /// The BestEffort memory.high fix (in the 1.37 beta): BestEffort gets
+    /// memory.high from node allocatable; before it, none.
+    pub besteffort_high: bool,
+}
+
+/// Protection the kubelet writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KubeletMode {
+    /// No Memory QoS protection (gate off, or 1.36+ `memoryReservationPolicy: None`).
+    #[default]
+    None,
+    /// 1.27-1.35: memory.min = request on every container, pod, QoS cgroup.
+    Alpha,
+    /// 1.36+ TieredReservation: Guaranteed memory.min, Burstable memory.low.
+    Tiered,
+}
+
+impl KubeletMemoryQosSim {
+    /// Defaults of a kubelet `major.minor` with the given mode (`None`: its
+    /// default): before 1.37 the gate is off; 1.37 turns it on with the
+    /// `None` reservation policy and no factor, so nothing is written unless
+    /// configured. The factor defaults to 0.9 before 1.37 and to none after.
+    pub fn for_version(
+        version: &str,
+        mode: Option<KubeletMode>,
+        factor: Option<f64>,
+    ) -> Result<Self, String> {
+        let minor = version
+            .trim_start_matches('v')
+            .strip_prefix("1.")
+            .and_then(|m| m.split('.').next())
+            .and_then(|m| m.parse::<u32>().ok())
+            .ok_or_else(|| format!("kubelet version must look like 1.37, not {version:?}"))?;
+        let mode = mode.unwrap_or_default();
+        match mode {
+            KubeletMode::Alpha if !(27..=35).contains(&minor) => {
+                return Err(format!(
+                "the alpha Memory QoS (memory.min everywhere) is kubelet 1.27-1.35, not 1.{minor}"
+            ))
+            }
+            KubeletMode::Tiered if minor < 36 => {
+                return Err(format!(
+                    "TieredReservation needs kubelet 1.36 or later, not 1.{minor}"
+                ))
+            }
+            _ => {}
+        }
+        if let Some(f) = factor {
+            if !(f.is_finite() && f > 0.0 && f <= 1.0) {
+                return Err(format!(
+                    "memory throttling factor must be in (0, 1], not {f}"
+                ));
+            }
+        }
+        let throttling_factor = match (mode, factor) {
+            (KubeletMode::None, _) => None,
+            (_, Some(f)) => Some(f),
+            (_, None) if minor < 37 => Some(0.9),
+            (_, None) => None,
+        };
+        Ok(KubeletMemoryQosSim {
+            mode,
+            throttling_factor,
+            besteffort_high: minor >= 37,
+        })
+    }
+
+    /// The Memory QoS keys the kubelet puts in a container's `unified` map.
+    pub fn unified(
+        &self,
+        class: QosClass,
+        request: u64,
+        limit: Option<u64>,
+        node: &NodeSpec,
+    ) -> std::collections::BTreeMap<String, String> {
+        let mut m = std::collections::BTreeMap::new();
+        if self.mode == KubeletMode::None || !node.cgroup_v2 {
+            return m;
+        }
+        let key = match (self.mode, class) {
+            (KubeletMode::Tiered, QosClass::Burstable) => Some("memory.low"),
+            (_, QosClass::BestEffort) => None,
+            _ => Some("memory.min"),
+        };
+        if let (Some(k), true) = (key, request > 0) {
+            m.insert(k.to_string(), request.to_string());
+        }
+        let high = match (class, self.throttling_factor) {
+            (QosClass::Guaranteed, _) | (_, None) => None,
+            (QosClass::BestEffort, Some(_)) if !self.besteffort_high => None,
+            (_, Some(f)) => {
+                f::memory_high(request, limit, node.memory_allocatable, f, node.page_size)
+            }
+        };
+        if let Some(h) = high {
+            m.insert("memory.high".into(), h.to_string());
+        }
+        m
+    }
 }
 
 /// One container's kernel values.
@@ -62,6 +172,14 @@ pub struct ContainerReport {
     /// What the kubelet sends the runtime for this container, before any
     /// plugin (the CRI `LinuxContainerResources`).
     pub kubelet: KubeletRequest,
+    /// When the request was inverted from oom_score_adj: every request the
+    /// kubelet maps to that value, `[from, to)` bytes (`to` null: no bound).
+    pub memory_request_range: Option<(u64, Option<u64>)>,
+    /// The Memory QoS keys of the kubelet's CRI `unified` map.
+    pub kubelet_unified: std::collections::BTreeMap<String, String>,
+    /// Who sets each cgroup value: `kubelet` (its Memory QoS), `nri-qos`
+    /// (our adjustment), or `runtime` (the CRI request as the runtime applies it).
+    pub set_by: std::collections::BTreeMap<String, Owner>,
 }
 
 /// The CRI resources the kubelet computes for a container (kuberuntime).
@@ -223,8 +341,21 @@ fn bytes_or_max(v: Option<u64>) -> Value {
     v.map_or(json!("max"), |b| json!(b))
 }
 
-/// Explains a Pod manifest.
+/// Explains a Pod manifest for a kubelet without Memory QoS.
 pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodReport, ExplainError> {
+    explain_with(yaml, node, cfg, &KubeletMemoryQosSim::default())
+}
+
+/// Explains a Pod manifest next to the kubelet's Memory QoS as `kubelet`
+/// describes it. The runtime is taken to show plugins the kubelet's
+/// `unified` keys (containerd 2.2+); older ones hide them and nri-qos then
+/// also leaves memory.high alone on the pods the kubelet protects.
+pub fn explain_with(
+    yaml: &str,
+    node: &NodeSpec,
+    cfg: &PolicyConfig,
+    kubelet: &KubeletMemoryQosSim,
+) -> Result<PodReport, ExplainError> {
     let pod = parse_pod(yaml)?;
     let (class, class_reason) = pod_qos(&pod)?;
     let uid = if pod.metadata.uid.is_empty() {
@@ -291,10 +422,12 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
         annotations: pod.metadata.annotations.clone(),
         cgroup_parent: cgroup_parent.clone(),
         resources: None,
+        kubelet_memory_qos: false,
     };
 
     let mut containers = Vec::new();
     let (mut pod_min, mut pod_low) = (0u64, 0u64);
+    let (mut kubelet_pod_min, mut kubelet_pod_low) = (0u64, 0u64);
     for (name, init, sidecar, r) in &all {
         // CRI values as kuberuntime computes them; CPU and memory limits
         // fall back to the pod-level limits.
@@ -315,6 +448,19 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
             min_regular,
             node.memory_capacity,
         );
+        // The kubelet's Memory QoS request: the container's own (with the
+        // requests defaulted to the limits, as the API server does).
+        let kubelet_unified = kubelet.unified(class, mem(r), mem_limit, node);
+        if !*init || *sidecar {
+            let v = |k: &str| {
+                kubelet_unified
+                    .get(k)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            kubelet_pod_min += v("memory.min");
+            kubelet_pod_low += v("memory.low");
+        }
         let facts = ContainerFacts {
             name: name.clone(),
             resources: Resources {
@@ -322,7 +468,7 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
                 cpu_quota: quota,
                 cpu_period: Some(f::QUOTA_PERIOD),
                 memory_limit: mem_limit.map(|l| l.min(i64::MAX as u64) as i64),
-                unified: Default::default(),
+                unified: kubelet_unified.clone(),
             },
             oom_score_adj: Some(oom),
             ..Default::default()
@@ -352,6 +498,37 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
             Driver::Cgroupfs => format!("{pod_path}/<container-id>"),
             Driver::Systemd => format!("{pod_path}/cri-containerd-<container-id>.scope"),
         };
+        let owner = |set_by_us: bool, from_kubelet: bool| match (set_by_us, from_kubelet) {
+            (true, _) => Owner::NriQos,
+            (false, true) => Owner::Kubelet,
+            (false, false) => Owner::Runtime,
+        };
+        let mut set_by = std::collections::BTreeMap::new();
+        for key in ["cpu.weight", "memory.min", "memory.low", "memory.high"] {
+            set_by.insert(
+                key.to_string(),
+                owner(
+                    d.adjustment.unified.contains_key(key),
+                    kubelet_unified.contains_key(key),
+                ),
+            );
+        }
+        set_by.insert(
+            "cpu.max".into(),
+            owner(d.adjustment.cpu_quota.is_some(), false),
+        );
+        set_by.insert(
+            "memory.max".into(),
+            owner(d.adjustment.memory_limit.is_some(), false),
+        );
+        set_by.insert(
+            "oom_score_adj".into(),
+            owner(d.adjustment.oom_score_adj.is_some(), false),
+        );
+        let memory_request_range = (d.request_source == RequestSource::OomScoreAdj)
+            .then(|| f::memory_request_range_from_oom_score_adj(oom, node.memory_capacity))
+            .flatten()
+            .map(|r| (r.start, (r.end != u64::MAX).then_some(r.end)));
         containers.push(ContainerReport {
             name: name.clone(),
             init: *init,
@@ -374,6 +551,9 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
                 memory_limit: mem_limit.unwrap_or(0),
                 oom_score_adj: oom,
             },
+            memory_request_range,
+            kubelet_unified,
+            set_by,
         });
     }
     let sandbox_path = match node.driver {
@@ -400,12 +580,57 @@ pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodRep
             "cpuWeight": 1,
             "oomScoreAdj": f::SANDBOX_OOM_SCORE_ADJ,
         }),
-        pod_cgroup: json!({
-            "cgroupPath": pod_path,
-            "memoryMin": pod_min,
-            "memoryLow": pod_low,
-        }),
+        // The kubelet writes the pod cgroup itself (Σ requests, with any
+        // RuntimeClass overhead) when its Memory QoS protects the pod; the
+        // hierarchy keeper then leaves it alone.
+        pod_cgroup: if kubelet_pod_min + kubelet_pod_low > 0 {
+            json!({
+                "cgroupPath": pod_path,
+                "memoryMin": kubelet_pod_min,
+                "memoryLow": kubelet_pod_low,
+                "owner": Owner::Kubelet,
+            })
+        } else {
+            json!({
+                "cgroupPath": pod_path,
+                "memoryMin": pod_min,
+                "memoryLow": pod_low,
+                "owner": Owner::NriQos,
+            })
+        },
     })
+}
+
+/// The README's big-nodes table: how well a Burstable request can be
+/// recovered from oom_score_adj on nodes of `GiB` sizes (the kubelet's
+/// formula truncates 1000·request/MemTotal to an integer).
+pub fn inversion_table(gibs: &[u64]) -> String {
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+    let mut out = String::from(
+        "| node memory | resolution (MemTotal/1000) | smallest recoverable request | memory.low at most this far below the request |\n|---|---|---|---|\n",
+    );
+    for &g in gibs {
+        let c = g << 30;
+        // adj 999 also covers every request below MemTotal/1000: 998 is the
+        // first value that says anything; 3 is open-ended above.
+        let smallest = (4..=998)
+            .filter_map(|adj| f::memory_request_range_from_oom_score_adj(adj, c))
+            .map(|r| r.start)
+            .min()
+            .unwrap_or(0);
+        let worst = (4..=998)
+            .filter_map(|adj| f::memory_request_range_from_oom_score_adj(adj, c))
+            .map(|r| (r.end - 1) - f::page_align_down(r.start, 4096))
+            .max()
+            .unwrap_or(0);
+        out.push_str(&format!(
+            "| {g} GiB | {} | {} | {} |\n",
+            mib(c / 1000),
+            mib(smallest),
+            mib(worst)
+        ));
+    }
+    out
 }
 
 fn human(v: &Value) -> String {
@@ -449,6 +674,7 @@ pub fn render_table(r: &PodReport) -> String {
         "memory.max",
         "oom_score_adj",
         "memory request",
+        "set by the kubelet",
     ]
     .map(String::from)];
     for c in &r.containers {
@@ -468,9 +694,28 @@ pub fn render_table(r: &PodReport) -> String {
             human(&c.memory_high),
             human(&c.memory_max),
             c.oom_score_adj.to_string(),
-            match c.memory_request {
-                Some(b) => format!("{} ({:?})", human_bytes(b), c.memory_request_source),
-                None => format!("- ({:?})", c.memory_request_source),
+            match (c.memory_request, c.memory_request_range) {
+                (Some(_), Some((from, to))) => format!(
+                    "{}..{} ({:?})",
+                    human_bytes(from),
+                    to.map_or("".into(), human_bytes),
+                    c.memory_request_source
+                ),
+                (Some(b), None) => format!("{} ({:?})", human_bytes(b), c.memory_request_source),
+                (None, _) => format!("- ({:?})", c.memory_request_source),
+            },
+            {
+                let k: Vec<&str> = c
+                    .set_by
+                    .iter()
+                    .filter(|(_, o)| **o == Owner::Kubelet)
+                    .map(|(k, _)| k.as_str())
+                    .collect();
+                if k.is_empty() {
+                    "-".into()
+                } else {
+                    k.join(",")
+                }
             },
         ]);
     }
@@ -484,6 +729,7 @@ pub fn render_table(r: &PodReport) -> String {
         "max".into(),
         "-998".into(),
         "-".into(),
+        "-".into(),
     ]);
     rows.push([
         "(pod cgroup)".into(),
@@ -495,6 +741,11 @@ pub fn render_table(r: &PodReport) -> String {
         "-".into(),
         "-".into(),
         "-".into(),
+        if r.pod_cgroup["owner"] == "kubelet" {
+            "memory.min,memory.low".into()
+        } else {
+            "-".into()
+        },
     ]);
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|row| row[i].len()).max().unwrap_or(0))
@@ -507,6 +758,9 @@ pub fn render_table(r: &PodReport) -> String {
             .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
+    }
+    if r.containers.iter().any(|c| !c.kubelet_unified.is_empty()) {
+        out.push_str("\nThe last column is what the kubelet's Memory QoS sets; nri-qos adds the other cpu.weight and memory values and any oom_score_adj change.\n");
     }
     out
 }
@@ -603,6 +857,75 @@ mod tests {
     }
 
     #[test]
+    fn readme_big_nodes_table_is_computed() {
+        let table = inversion_table(&[16, 64, 128, 256, 512]);
+        let readme = include_str!("../../README.md");
+        assert!(
+            readme.contains(&table),
+            "README.md must carry this table (section \"With the kubelet's Memory QoS\"):\n{table}"
+        );
+        // §5: 16 GiB → ~17 MB resolution.
+        assert!(table.contains("| 16 GiB | 16.4 MiB |"), "{table}");
+    }
+
+    const ROW4: &str = "metadata: {name: b}\nspec:\n  containers:\n  - name: app\n    resources:\n      requests: {cpu: 100m, memory: 128Mi}\n      limits: {cpu: 500m, memory: 512Mi}\n";
+
+    fn with_kubelet(version: &str, mode: KubeletMode, factor: Option<f64>) -> PodReport {
+        let k = KubeletMemoryQosSim::for_version(version, Some(mode), factor).unwrap();
+        explain_with(ROW4, &NODE, &PolicyConfig::default(), &k).unwrap()
+    }
+
+    #[test]
+    fn inverted_requests_are_shown_as_the_interval_they_lie_in() {
+        let c = &one(ROW4).containers[0];
+        // §5 route 2: adj 993 on 16 GiB → [120.3 MB, 137.4 MB).
+        assert_eq!(
+            c.memory_request_range,
+            Some((120_259_085, Some(137_438_954)))
+        );
+        assert!(render_table(&one(ROW4)).contains(".."));
+    }
+
+    #[test]
+    fn kubelet_memory_qos_values_are_marked_and_never_replaced() {
+        let owner = |r: &PodReport, k: &str| r.containers[0].set_by[k];
+        // 1.37 TieredReservation, no factor: memory.low is the kubelet's,
+        // exact; memory.high is ours (the kubelet sets none).
+        let r = with_kubelet("1.37", KubeletMode::Tiered, None);
+        let c = &r.containers[0];
+        assert_eq!(c.memory_low, 128 << 20);
+        assert_eq!(c.memory_request_source, RequestSource::UnifiedMemoryLow);
+        assert_eq!(c.memory_request_range, None);
+        assert_eq!(owner(&r, "memory.low"), Owner::Kubelet);
+        assert_eq!(owner(&r, "memory.high"), Owner::NriQos);
+        assert_eq!(c.memory_high, json!(496_603_136u64));
+        assert_eq!(r.pod_cgroup["owner"], "kubelet");
+        assert_eq!(r.pod_cgroup["memoryLow"], 128u64 << 20);
+        // With factor 0.9 the kubelet's memory.high stands.
+        let r = with_kubelet("1.37", KubeletMode::Tiered, Some(0.9));
+        assert_eq!(owner(&r, "memory.high"), Owner::Kubelet);
+        assert_eq!(r.containers[0].memory_high, json!(496_603_136u64));
+        // 1.34 alpha: memory.min and memory.high (0.9 default) are the kubelet's.
+        let r = with_kubelet("1.34", KubeletMode::Alpha, None);
+        assert_eq!(r.containers[0].memory_min, 128 << 20);
+        assert_eq!(r.containers[0].memory_low, 0);
+        assert_eq!(owner(&r, "memory.min"), Owner::Kubelet);
+        assert_eq!(owner(&r, "memory.high"), Owner::Kubelet);
+        assert_eq!(owner(&r, "cpu.weight"), Owner::NriQos);
+        // No Memory QoS: everything as before, ours.
+        let r = with_kubelet("1.37", KubeletMode::None, None);
+        assert_eq!(owner(&r, "memory.low"), Owner::NriQos);
+        assert_eq!(r.pod_cgroup["owner"], "nri-qos");
+        // Versions and modes that do not exist together are refused.
+        assert!(KubeletMemoryQosSim::for_version("1.37", Some(KubeletMode::Alpha), None).is_err());
+        assert!(KubeletMemoryQosSim::for_version("1.35", Some(KubeletMode::Tiered), None).is_err());
+        assert!(KubeletMemoryQosSim::for_version("x", None, None).is_err());
+        assert!(
+            KubeletMemoryQosSim::for_version("1.37", Some(KubeletMode::Tiered), Some(1.5)).is_err()
+        );
+    }
+
+    #[test]
     fn json_shape_is_stable() {
         let r = one("metadata: {name: g, namespace: ns}\nspec:\n  containers:\n  - name: app\n    resources: {limits: {cpu: '1', memory: 1Gi}}\n");
         let v = serde_json::to_value(&r).unwrap();
@@ -638,5 +961,10 @@ mod tests {
             assert_eq!(k[key], want, "kubelet.{key}");
         }
         assert!(render_table(&r).contains("Guaranteed"));
+        // Added for issue 14 (only ever add keys).
+        for key in ["memoryRequestRange", "kubeletUnified", "setBy"] {
+            assert!(v["containers"][0].get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(v["podCgroup"]["owner"], "nri-qos");
     }
 }

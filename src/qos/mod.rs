@@ -40,6 +40,11 @@ pub struct PodFacts {
     pub cgroup_parent: String,
     /// Pod-level resources (`LinuxPodSandbox.pod_resources`), when the runtime sent them.
     pub resources: Option<Resources>,
+    /// The kubelet's Memory QoS protects this pod although its keys may not
+    /// be visible (NRI before v0.10 hides `unified`): its cgroup carried
+    /// protection nri-qos did not write, or the operator said so. The policy
+    /// then leaves the container's protection (and unseen memory.high) alone.
+    pub kubelet_memory_qos: bool,
 }
 
 /// What we know about one container being created or updated.
@@ -100,6 +105,8 @@ impl Adjustment {
 pub enum RequestSource {
     /// `unified["memory.min"]` set by the kubelet's Memory QoS.
     UnifiedMemoryMin,
+    /// `unified["memory.low"]` set by the kubelet's Memory QoS (TieredReservation, Burstable).
+    UnifiedMemoryLow,
     /// Our pod annotation.
     Annotation,
     /// The pod spec from the API server (the optional Kubernetes source).
@@ -132,4 +139,4 @@ pub struct Decision {
     pub notes: Vec<String>,
 }
 
-pub use policy::{decide, PolicyConfig, Reservation, WeightConversion};
+pub use policy::{decide, KubeletMemoryQos, PolicyConfig, Reservation, WeightConversion};

@@ -49,6 +49,26 @@ pub enum Reservation {
     None,
 }
 
+/// What the operator knows about the kubelet's Memory QoS (KEP-2570), which
+/// writes container, pod, QoS and kubepods protection itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KubeletMemoryQos {
+    /// Detect it: the kubelet's `unified` keys (visible from NRI v0.10,
+    /// containerd 2.2), or pod cgroups carrying protection nri-qos did not write.
+    Auto,
+    /// The kubelet does not protect memory: nri-qos owns every value it sets.
+    None,
+    /// 1.27-1.35 alpha: memory.min everywhere and memory.high (factor 0.9)
+    /// from the kubelet; nri-qos stays off both.
+    Alpha,
+    /// 1.36+ TieredReservation: memory.min/low from the kubelet; memory.high
+    /// stays nri-qos's unless the kubelet's key is visible (set
+    /// `memory-high = false` when the kubelet has a memoryThrottlingFactor
+    /// on a runtime that hides `unified`).
+    Tiered,
+}
+
 /// Policy configuration (the `[policy]` table of `config/nri-qos.toml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
@@ -65,6 +85,8 @@ pub struct PolicyConfig {
     pub memory_throttling_factor: f64,
     /// Set oom_score_adj by class.
     pub oom_score_adj: bool,
+    /// Whether the kubelet's Memory QoS protects memory itself.
+    pub kubelet_memory_qos: KubeletMemoryQos,
 }
 
 impl Default for PolicyConfig {
@@ -76,6 +98,7 @@ impl Default for PolicyConfig {
             memory_high: true,
             memory_throttling_factor: 0.9,
             oom_score_adj: true,
+            kubelet_memory_qos: KubeletMemoryQos::Auto,
         }
     }
 }
@@ -165,13 +188,18 @@ pub fn memory_request(
     node: &NodeFacts,
     notes: &mut Vec<String>,
 ) -> (Option<u64>, RequestSource) {
-    if let Some(v) = container.resources.unified.get("memory.min") {
-        match v.trim().parse::<u64>() {
-            Ok(b) if b > 0 => return (Some(b), RequestSource::UnifiedMemoryMin),
-            Ok(_) => {}
-            Err(_) => notes.push(format!(
-                "ignoring unified memory.min {v:?}: not a byte count"
-            )),
+    // The kubelet's Memory QoS sends the exact request: memory.min (alpha,
+    // and Guaranteed under TieredReservation) or memory.low (Burstable).
+    for (key, source) in [
+        ("memory.min", RequestSource::UnifiedMemoryMin),
+        ("memory.low", RequestSource::UnifiedMemoryLow),
+    ] {
+        if let Some(v) = container.resources.unified.get(key) {
+            match v.trim().parse::<u64>() {
+                Ok(b) if b > 0 => return (Some(b), source),
+                Ok(_) => {}
+                Err(_) => notes.push(format!("ignoring unified {key} {v:?}: not a byte count")),
+            }
         }
     }
     let per_container = format!("{MEMORY_REQUEST_ANNOTATION_PREFIX}{}", container.name);
@@ -227,10 +255,50 @@ pub fn memory_request(
     }
 }
 
+/// Sets a unified key unless the runtime request already carries it: a value
+/// there is the kubelet's (or ours, applied earlier) and is never replaced;
+/// claiming it twice would also fail the container in NRI's merge.
 fn set_unified(adj: &mut Adjustment, current: &Resources, key: &str, value: String) {
-    if current.unified.get(key) != Some(&value) {
+    if !current.unified.contains_key(key) {
         adj.unified.insert(key.to_string(), value);
     }
+}
+
+/// True when the runtime request carries the kubelet's Memory QoS protection
+/// (a non-zero `unified` memory.min or memory.low).
+pub fn kubelet_memory_qos_keys(r: &Resources) -> bool {
+    ["memory.min", "memory.low"].iter().any(|k| {
+        r.unified
+            .get(*k)
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .is_some_and(|b| b > 0)
+    })
+}
+
+/// Whether the kubelet protects this container's memory, and whether it may
+/// have set memory.high where we cannot see it.
+fn kubelet_protection(pod: &PodFacts, cur: &Resources, cfg: &PolicyConfig) -> (bool, bool) {
+    let visible = kubelet_memory_qos_keys(cur);
+    let protects = match cfg.kubelet_memory_qos {
+        KubeletMemoryQos::None => visible,
+        KubeletMemoryQos::Alpha | KubeletMemoryQos::Tiered => true,
+        KubeletMemoryQos::Auto => visible || pod.kubelet_memory_qos,
+    };
+    // A runtime that shows `unified` at all shows every key the kubelet sent
+    // (it sends memory.oom.group on cgroup v2 too): no memory.high there
+    // means none was set. A map with only keys nri-qos sets itself may hide
+    // one (NRI before v0.10 shows plugins none of the CRI's keys).
+    let shown = cur
+        .unified
+        .keys()
+        .any(|k| !matches!(k.as_str(), "cpu.weight" | "memory.high"));
+    let hidden_high = protects
+        && !shown
+        && match cfg.kubelet_memory_qos {
+            KubeletMemoryQos::Alpha | KubeletMemoryQos::Auto => true,
+            KubeletMemoryQos::Tiered | KubeletMemoryQos::None => false,
+        };
+    (protects, hidden_high)
 }
 
 /// Computes what a container should get. Never fails.
@@ -304,7 +372,9 @@ pub fn decide(
         let protected = request
             .map(|r| f::page_align_down(limit.map_or(r, |l| r.min(l)), page))
             .filter(|r| *r > 0);
-        if let Some(r) = protected {
+        let (kubelet_protects, kubelet_high_hidden) = kubelet_protection(pod, cur, cfg);
+        // Said once per pod cgroup where ownership is decided, not per container.
+        if let Some(r) = protected.filter(|_| !kubelet_protects) {
             let key = match (cfg.memory_reservation, class) {
                 (Reservation::None, _) | (_, QosClass::BestEffort) => None,
                 (Reservation::Tiered, QosClass::Burstable) => Some("memory.low"),
@@ -330,6 +400,7 @@ pub fn decide(
         if cfg.memory_high && class == QosClass::Burstable && high_base.is_none() {
             notes.push("memory request unknown: memory.high left unset".into());
         }
+        let opted_out = opted_out || kubelet_high_hidden;
         if let (true, false, Some(req)) = (cfg.memory_high, opted_out, high_base) {
             if let Some(h) = f::memory_high(
                 req,
@@ -541,7 +612,7 @@ mod tests {
             Vector { weight: Some(303), low: Some(16 * GI), high: Some(32_641_748_992), oom: Some(3), ..v("§2 GetContainerOOMScoreAdjust: 1000 − 1000·16Gi/16Gi = 0 → floor 3", pod(B, &ann(REQ, "16Gi")), ctr(4096, 800_000, 32 * GI, 0), Burstable) },
             Vector { weight: Some(17), low: Some(MI), high: Some(60_502_016), oom: Some(999), ..v("§2 GetContainerOOMScoreAdjust: 1000 − ⌊1000·1Mi/16Gi⌋ = 1000 → 999", pod(B, &ann(REQ, "1Mi")), ctr(102, 20_000, 64 * MI, 0), Burstable) },
             Vector { weight: Some(17), low: Some(128 * MI), high: Some(335_544_320), cfg: PolicyConfig { memory_throttling_factor: 0.5, ..Default::default() }, ..v("§4 KEP-2570 memory.high with memoryThrottlingFactor 0.5: 128Mi + 0.5·384Mi", pod(B, &ann(REQ, "128Mi")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
-            Vector { weight: Some(35), low: Some(256 * MI), high: Some(510_025_728), ..v("§5 route 1: request from the kubelet's MemoryQoS unified memory.min (kept; memory.low added)", pod(B, &[]), ContainerFacts { resources: Resources { unified: BTreeMap::from([("memory.min".into(), (256 * MI).to_string())]), ..ctr(256, 50_000, 512 * MI, 985).resources }, ..ctr(256, 50_000, 512 * MI, 985) }, Burstable) },
+            Vector { weight: Some(35), high: Some(510_025_728), ..v("§5 route 1: request from the kubelet's MemoryQoS unified memory.min (kept; the kubelet owns protection, so no memory.low of ours)", pod(B, &[]), ContainerFacts { resources: Resources { unified: BTreeMap::from([("memory.min".into(), (256 * MI).to_string())]), ..ctr(256, 50_000, 512 * MI, 985).resources }, ..ctr(256, 50_000, 512 * MI, 985) }, Burstable) },
             Vector { weight: Some(35), low: Some(512 * MI), ..v("§4 protection never above memory.max: a 1Gi request annotation on a 512Mi limit is capped, request == limit sets no memory.high", pod(B, &ann(REQ, "1Gi")), ctr(256, 50_000, 512 * MI, 985), Burstable) },
             Vector { oom: Some(-998), ..v("§8 row 14 pod sandbox (pause): -998, no cgroup values", pod(B, &[]), ContainerFacts { annotations: BTreeMap::from([(CONTAINER_TYPE_ANNOTATION.into(), "sandbox".into())]), ..ctr(2, 0, 0, 0) }, Burstable) },
         ]
@@ -620,7 +691,166 @@ mod tests {
             .insert("memory.min".into(), "268435456".into());
         let d = decide(&pod(B, &[]), &c, &NODE, &Default::default());
         assert_eq!(d.request_source, RequestSource::UnifiedMemoryMin);
-        assert_eq!(u(&d, "memory.low"), Some("268435456".into()));
+        assert_eq!(u(&d, "memory.low"), None);
+        let mut c = ctr(512, 0, 0, 938);
+        c.resources
+            .unified
+            .insert("memory.low".into(), "268435456".into());
+        let d = decide(&pod(B, &[]), &c, &NODE, &Default::default());
+        assert_eq!(d.request_source, RequestSource::UnifiedMemoryLow);
+        assert_eq!(d.memory_request, Some(268_435_456));
+    }
+
+    /// What a kubelet sends for one container under each Memory QoS setup
+    /// (kubelet-qos.md §4, §8): `None` = no Memory QoS.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Kubelet {
+        NoMemoryQos,
+        Alpha,
+        Tiered,
+        TieredFactor,
+    }
+
+    fn kubelet_unified(
+        k: Kubelet,
+        class: QosClass,
+        req: u64,
+        limit: Option<u64>,
+    ) -> BTreeMap<String, String> {
+        // memory.oom.group is sent on cgroup v2 since 1.28 in every setup.
+        let mut m = BTreeMap::from([("memory.oom.group".to_string(), "1".to_string())]);
+        let high = |m: &mut BTreeMap<String, String>| {
+            if let Some(h) = f::memory_high(req, limit, NODE.memory_allocatable, 0.9, 4096) {
+                m.insert("memory.high".into(), h.to_string());
+            }
+        };
+        match (k, class) {
+            (Kubelet::NoMemoryQos, _) | (_, QosClass::BestEffort) => {}
+            (Kubelet::Alpha, QosClass::Guaranteed) => {
+                m.insert("memory.min".into(), req.to_string());
+            }
+            (Kubelet::Alpha, QosClass::Burstable) => {
+                m.insert("memory.min".into(), req.to_string());
+                high(&mut m);
+            }
+            (Kubelet::Tiered | Kubelet::TieredFactor, QosClass::Guaranteed) => {
+                m.insert("memory.min".into(), req.to_string());
+            }
+            (Kubelet::Tiered, QosClass::Burstable) => {
+                m.insert("memory.low".into(), req.to_string());
+            }
+            (Kubelet::TieredFactor, QosClass::Burstable) => {
+                m.insert("memory.low".into(), req.to_string());
+                high(&mut m);
+            }
+        }
+        m
+    }
+
+    #[test]
+    fn every_class_under_every_kubelet_memory_qos_setup() {
+        use QosClass::*;
+        // (class, parent, container, true request)
+        let cases = [
+            (Guaranteed, G, ctr(1024, 100_000, GI, -997), GI as u64),
+            (
+                Burstable,
+                B,
+                ctr(102, 50_000, 512 * MI, 993),
+                128 * MI as u64,
+            ),
+            (Burstable, B, ctr(512, 0, 0, 938), GI as u64),
+            (BestEffort, E, ctr(2, 0, 0, 1000), 0),
+        ];
+        for k in [
+            Kubelet::NoMemoryQos,
+            Kubelet::Alpha,
+            Kubelet::Tiered,
+            Kubelet::TieredFactor,
+        ] {
+            for (class, parent, base, req) in &cases {
+                let limit = base.resources.memory_limit.map(|l| l as u64);
+                let mut c = base.clone();
+                c.resources.unified = kubelet_unified(k, *class, *req, limit);
+                let sent = c.resources.unified.clone();
+                let d = decide(&pod(parent, &[]), &c, &NODE, &Default::default());
+                let ctx = format!("{k:?} {class:?} {d:?}");
+                // Never a second claim on a key the runtime request carries.
+                for key in sent.keys() {
+                    assert!(
+                        !d.adjustment.unified.contains_key(key),
+                        "{key} claimed twice: {ctx}"
+                    );
+                }
+                let kubelet_protects =
+                    sent.contains_key("memory.min") || sent.contains_key("memory.low");
+                if kubelet_protects {
+                    assert_eq!(d.memory_request, Some(*req), "exact request: {ctx}");
+                    let want = if sent.contains_key("memory.min") {
+                        RequestSource::UnifiedMemoryMin
+                    } else {
+                        RequestSource::UnifiedMemoryLow
+                    };
+                    assert_eq!(d.request_source, want, "{ctx}");
+                    assert!(
+                        u(&d, "memory.min").is_none() && u(&d, "memory.low").is_none(),
+                        "{ctx}"
+                    );
+                }
+                // memory.high: the kubelet's when it sent one, else ours by
+                // the same formula (the request is exact), never for Guaranteed.
+                let eff = effective(&c.resources, &d.adjustment);
+                let want_high = match class {
+                    Guaranteed => None,
+                    BestEffort => f::memory_high(0, None, NODE.memory_allocatable, 0.9, 4096),
+                    Burstable => f::memory_high(*req, limit, NODE.memory_allocatable, 0.9, 4096),
+                };
+                if kubelet_protects || *class != Burstable {
+                    assert_eq!(
+                        eff.unified.get("memory.high").cloned(),
+                        want_high.map(|h| h.to_string()),
+                        "{ctx}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hidden_kubelet_memory_qos_keeps_protection_and_memory_high_off() {
+        // containerd < 2.2 hides `unified`; the pod cgroup told us (or the operator did).
+        let mut p = pod(B, &[]);
+        p.kubelet_memory_qos = true;
+        let d = decide(
+            &p,
+            &ctr(102, 50_000, 512 * MI, 993),
+            &NODE,
+            &Default::default(),
+        );
+        for k in ["memory.min", "memory.low", "memory.high"] {
+            assert_eq!(u(&d, k), None, "{k}: {d:?}");
+        }
+        assert_eq!(u(&d, "cpu.weight"), Some("17".into()));
+        // The operator's setting says the same without any detection.
+        for (setting, high) in [
+            (KubeletMemoryQos::Alpha, None),
+            (KubeletMemoryQos::Tiered, Some("495206400".to_string())),
+        ] {
+            let cfg = PolicyConfig {
+                kubelet_memory_qos: setting,
+                ..Default::default()
+            };
+            let d = decide(&pod(B, &[]), &ctr(102, 50_000, 512 * MI, 993), &NODE, &cfg);
+            assert_eq!(u(&d, "memory.low"), None, "{setting:?}");
+            assert_eq!(u(&d, "memory.high"), high, "{setting:?}");
+        }
+        // `none`: a pod flag from detection is ignored, ours as before.
+        let cfg = PolicyConfig {
+            kubelet_memory_qos: KubeletMemoryQos::None,
+            ..Default::default()
+        };
+        let d = decide(&p, &ctr(102, 50_000, 512 * MI, 993), &NODE, &cfg);
+        assert_eq!(u(&d, "memory.low"), Some("120258560".into()));
     }
 
     #[test]
@@ -675,20 +905,26 @@ mod tests {
             ]),
             prop::option::of(prop_oneof![0u64..10, Just(100_000u64), Just(u64::MAX)]),
             prop::option::of(prop_oneof![-5i64..5, 0i64..(64 << 30), Just(i64::MAX)]),
-            prop::option::of(prop_oneof![
-                Just("0".to_string()),
-                "[0-9]{1,12}",
-                "\\PC{0,8}"
-            ]),
+            prop::collection::btree_map(
+                prop::sample::select(vec![
+                    "memory.min",
+                    "memory.low",
+                    "memory.high",
+                    "memory.oom.group",
+                ]),
+                prop_oneof![Just("0".to_string()), "[0-9]{1,12}", "\\PC{0,8}"],
+                0..3,
+            ),
         )
-            .prop_map(|(shares, quota, period, limit, min)| Resources {
+            .prop_map(|(shares, quota, period, limit, unified)| Resources {
                 cpu_shares: shares,
                 cpu_quota: quota,
                 cpu_period: period,
                 memory_limit: limit,
-                unified: min
-                    .map(|m| [("memory.min".to_string(), m)].into())
-                    .unwrap_or_default(),
+                unified: unified
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
             })
     }
 
@@ -733,6 +969,15 @@ mod tests {
                 prop::bool::ANY,
                 0.01f64..=1.0,
                 prop::bool::ANY,
+                (
+                    prop::sample::select(vec![
+                        KubeletMemoryQos::Auto,
+                        KubeletMemoryQos::None,
+                        KubeletMemoryQos::Alpha,
+                        KubeletMemoryQos::Tiered,
+                    ]),
+                    prop::bool::ANY,
+                ),
             ),
         )
             .prop_map(
@@ -743,9 +988,10 @@ mod tests {
                     res,
                     oom,
                     (cap, v2, page),
-                    (w, r, high, factor, sandbox),
+                    (w, r, high, factor, sandbox, (kubelet, detected)),
                 )| {
                     let mut p = pod(parent, &[]);
+                    p.kubelet_memory_qos = detected;
                     if let Some(a) = annotation {
                         p.annotations.insert(MEMORY_REQUEST_ANNOTATION.into(), a);
                     }
@@ -771,6 +1017,7 @@ mod tests {
                         memory_reservation: r,
                         memory_high: high,
                         memory_throttling_factor: factor,
+                        kubelet_memory_qos: kubelet,
                         ..Default::default()
                     };
                     (p, c, node, cfg)
@@ -821,6 +1068,14 @@ mod tests {
                 prop_assert_eq!(h % node.page_size, 0);
             }
             let _ = bytes(&eff, "memory.min");
+            // A key the runtime request carries is never claimed again.
+            for k in c.resources.unified.keys() {
+                prop_assert!(!a.unified.contains_key(k), "{k} claimed twice");
+            }
+            // Protection the kubelet owns is never added to.
+            if kubelet_memory_qos_keys(&c.resources) || matches!(cfg.kubelet_memory_qos, KubeletMemoryQos::Alpha | KubeletMemoryQos::Tiered) {
+                prop_assert!(!a.unified.contains_key("memory.min") && !a.unified.contains_key("memory.low"));
+            }
         }
 
         #[test]

@@ -248,6 +248,70 @@ monitor_actions() {
         sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^/E2E-INFO monitor: /' | cut -c1-400
 }
 
+# kubeletqos: the kubelet's pod, QoS and kubepods protection (TieredReservation,
+# the scenario's numbers) rewritten every 3 s as its QoS reconcile does, for
+# E2E_KUBELET_QOS_SECONDS (60). Every 0.5 s each of those files and the
+# Burstable container's memory.low/high must read the kubelet's value: nri-qos
+# (its keeper resyncs every 30 s) must never write them. The audit must then
+# name the kubelet as their owner. At the end the kubelet's rollback (0) leaves
+# the tree to nri-qos again for what follows.
+kubelet_qos_window() {
+    secs=${E2E_KUBELET_QOS_SECONDS:-60}
+    cg=/sys/fs/cgroup/kubepods
+    bpod=$cg/burstable/podaaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa
+    gpod=$cg/podbbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb
+    owned="$cg/memory.min 201326592 $cg/burstable/memory.low 67108864 $bpod/memory.low 67108864 $gpod/memory.min 134217728"
+    end=$(( $(date +%s) + secs ))
+    (
+        while [ "$(date +%s)" -lt "$end" ]; do
+            set -- $owned
+            while [ $# -gt 0 ]; do echo "$2" >"$1"; shift 2; done
+            sleep 3
+        done
+    ) &
+    writer=$!
+    samples=0 bad=0 first_bad=""
+    while [ "$(date +%s)" -lt "$end" ]; do
+        set -- $owned
+        while [ $# -gt 0 ]; do
+            v="$(cat "$1" 2>/dev/null)"
+            samples=$((samples + 1))
+            if [ "$v" != "$2" ]; then
+                bad=$((bad + 1))
+                [ -n "$first_bad" ] || first_bad="t=$(uptime_s)s $1=$v (kubelet: $2)"
+            fi
+            shift 2
+        done
+        app=0
+        for d in "$bpod"/*/; do
+            [ "$(cat "$d/memory.low" 2>/dev/null)" = 67108864 ] && [ "$(cat "$d/memory.high" 2>/dev/null)" = 248299520 ] && app=1
+        done
+        samples=$((samples + 1))
+        if [ $app = 0 ]; then
+            bad=$((bad + 1))
+            [ -n "$first_bad" ] || first_bad="t=$(uptime_s)s container memory.low/high: $(cat "$bpod"/*/memory.low "$bpod"/*/memory.high 2>/dev/null | tr '\n' ' ')"
+        fi
+        sleep 0.5
+    done
+    wait "$writer"
+    if [ $bad -eq 0 ]; then
+        check kubeletqos.kubelet_values_kept PASS "$samples samples over ${secs} s: pod, QoS, kubepods and container values always the kubelet's"
+    else
+        check kubeletqos.kubelet_values_kept FAIL "$bad of $samples samples differ; first: $first_bad"
+        rc=1
+    fi
+    out="$(/e2e/bin/nri-qos audit --socket /var/run/nri/nri.sock --timeout-seconds 20 2>&1)"
+    owners="$(echo "$out" | grep -cE '^kubepods(/burstable)?(/pod(aaaaaaaa|bbbbbbbb)[-0-9a-f]*)? .* kubelet ')"
+    if echo "$out" | tail -n 1 | grep -q ' 0 drifting' && [ "$owners" -ge 6 ]; then
+        check kubeletqos.audit_owners PASS "$owners kubelet-owned hierarchy values; $(echo "$out" | tail -n 1)"
+    else
+        check kubeletqos.audit_owners FAIL "$owners kubelet-owned hierarchy values (want at least 6: kubepods, burstable and the Burstable pod); $(echo "$out" | tail -n 1)"
+        echo "$out"
+        rc=1
+    fi
+    echo 0 >"$cg/memory.min"; echo 0 >"$cg/burstable/memory.low"
+}
+
 for s in $E2E_SCENARIOS; do
     info "scenario $s: start"
     log_from=$(( $(wc -l </var/log/nri-qos.log 2>/dev/null || echo 0) + 1 ))
@@ -268,6 +332,7 @@ for s in $E2E_SCENARIOS; do
     else
         # Keep the pods for the audit, then clean up.
         /e2e/bin/cri-client "$@" --keep || rc=1
+        [ "$s" = kubeletqos ] && kubelet_qos_window
         audit "$s"
         /e2e/bin/cri-client cleanup || rc=1
         monitor_actions "$log_from"
