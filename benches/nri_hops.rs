@@ -181,6 +181,7 @@ fn in_process_stages() {
     }
     .write_to_bytes()
     .unwrap();
+    let cgroup_root = tempfile::tempdir().unwrap();
     let plugin = nri_qos::nri::QosPlugin::new(nri_qos::nri::PluginSettings {
         policy: Default::default(),
         node: nri_qos::node::read_node_facts(
@@ -192,6 +193,8 @@ fn in_process_stages() {
         dry_run: false,
         adjust_existing: false,
         proc_root: "/proc".into(),
+        // Only read (kubelet Memory QoS detection); an empty tree here.
+        cgroup_root: cgroup_root.path().into(),
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
