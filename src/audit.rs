@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -25,15 +25,11 @@ use crate::cgroup::HierarchyConfig;
 pub use crate::node::{container_cgroup_dir, systemd_slice_path};
 use crate::nri::convert;
 use crate::nri::proto::{api, api_ttrpc};
+use crate::nri::reassembly::SyncReassembler;
 use crate::nri::session::{self, Identity, SessionError};
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
-/// Every pod and container the runtime knows, from one Synchronize.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub pods: Vec<api::PodSandbox>,
-    pub containers: Vec<api::Container>,
-}
+pub use crate::nri::reassembly::Snapshot;
 
 #[derive(Debug, Error)]
 pub enum AuditError {
@@ -50,7 +46,7 @@ pub enum AuditError {
 }
 
 struct SnapshotPlugin {
-    partial: Mutex<Snapshot>,
+    partial: Mutex<SyncReassembler>,
     done: Mutex<Option<oneshot::Sender<Snapshot>>>,
 }
 
@@ -70,20 +66,23 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
 
     async fn synchronize(
         &self,
-        _ctx: &TtrpcContext,
+        ctx: &TtrpcContext,
         req: api::SynchronizeRequest,
     ) -> ttrpc::Result<api::SynchronizeResponse> {
-        let mut p = self.partial.lock().unwrap_or_else(|e| e.into_inner());
-        p.pods.extend(req.pods);
-        p.containers.extend(req.containers);
-        if !req.more {
-            let snap = std::mem::take(&mut *p);
+        let more = req.more;
+        let timeout = crate::nri::plugin::request_timeout(ctx);
+        let whole = self.partial.lock().unwrap_or_else(|e| e.into_inner()).push(
+            req,
+            timeout,
+            Instant::now(),
+        );
+        if let Some(whole) = whole {
             if let Some(tx) = self.done.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                let _ = tx.send(snap);
+                let _ = tx.send(whole.snapshot);
             }
         }
         Ok(api::SynchronizeResponse {
-            more: req.more,
+            more,
             ..Default::default()
         })
     }
@@ -107,7 +106,7 @@ pub async fn collect(socket: &Path, limit: Duration) -> Result<Snapshot, AuditEr
         })?;
     let (tx, rx) = oneshot::channel();
     let plugin = Arc::new(SnapshotPlugin {
-        partial: Mutex::new(Snapshot::default()),
+        partial: Mutex::new(SyncReassembler::default()),
         done: Mutex::new(Some(tx)),
     });
     let identity = Identity {

@@ -7,6 +7,7 @@ pub mod mux;
 pub mod oom_fallback;
 pub mod plugin;
 pub mod proto;
+pub mod reassembly;
 pub mod relax;
 pub mod session;
 

@@ -1,4 +1,5 @@
-//! The NRI connection multiplexer.
+//! The NRI connection multiplexer, with the Plugin service served right on
+//! the socket task.
 //!
 //! One unix stream (the "trunk") carries several logical connections as
 //! frames `[u32 BE conn id][u32 BE payload length][payload]`. NRI uses conn 1
@@ -6,21 +7,37 @@
 //! service (we call the runtime). There is no open/close signalling: a frame
 //! for a connection nobody opened is dropped, and EOF on the trunk ends all.
 //!
-//! Each logical connection is handed to ttrpc as one end of an in-memory
-//! duplex pipe with a fixed buffer, so a peer can never make us hold more
-//! than [`PIPE_CAPACITY`] per connection plus one frame ([`MAX_INCOMING_PAYLOAD`]).
+//! The hot path is conn 1. Its ttrpc messages are decoded where the frames
+//! are read, and each request is answered before the next frame is read:
+//! no task hop, no pipe, one write per answer. That is also the bound on a
+//! peer that never reads our answers: one request in flight, and when the
+//! socket's send buffer is full we stop reading (back-pressure), so memory
+//! stays at the buffers below whatever the peer sends. The handlers are
+//! the generated ttrpc method handlers of the Plugin service; only the
+//! server loop is ours (see the README's wire section for the measurements).
+//!
+//! Conn 2 (RegisterPlugin, rarely anything else) goes to the ttrpc client
+//! through an in-memory pipe of [`RUNTIME_PIPE_CAPACITY`].
 //!
 //! Outgoing frames carry at most [`MAX_OUTGOING_PAYLOAD`] bytes: the Go side
 //! reads headers through a 4096-byte bufio buffer and fails with ENOMEM on a
 //! larger frame, so small frames are always readable by every runtime.
 
+use std::collections::HashMap;
 use std::io;
+use std::sync::Arc;
 
+use protobuf::Message;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadHalf};
-use tokio::sync::{mpsc, Mutex};
-use tokio::task::JoinSet;
-use tracing::{debug, trace};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::Mutex;
+use tracing::{debug, trace, warn};
+use ttrpc::proto::MESSAGE_TYPE_REQUEST;
+use ttrpc::proto::{MESSAGE_HEADER_LENGTH, MESSAGE_LENGTH_MAX, MESSAGE_TYPE_DATA};
+use ttrpc::r#async::{Service, TtrpcContext};
+use ttrpc::{Code, MessageHeader};
 
 /// Logical connection on which the plugin serves `nri.pkg.api.v1alpha1.Plugin`.
 pub const PLUGIN_SERVICE_CONN: u32 = 1;
@@ -31,11 +48,19 @@ pub const RUNTIME_SERVICE_CONN: u32 = 2;
 pub const MAX_OUTGOING_PAYLOAD: usize = 4096;
 /// Largest frame payload we accept: a whole ttrpc message (10-byte header plus
 /// 4 MiB body), which is the most any runtime puts in one frame.
-pub const MAX_INCOMING_PAYLOAD: usize = 10 + (4 << 20);
-/// Buffer between the trunk and ttrpc, per logical connection and direction.
-pub const PIPE_CAPACITY: usize = 256 * 1024;
+pub const MAX_INCOMING_PAYLOAD: usize = MESSAGE_HEADER_LENGTH + MESSAGE_LENGTH_MAX;
+/// Buffer between the trunk and the ttrpc client of conn 2, per direction.
+pub const RUNTIME_PIPE_CAPACITY: usize = 64 * 1024;
+/// Read buffer on the trunk: a CreateContainer request and its frame
+/// headers fit, so one read usually brings one whole request.
+const READ_BUFFER: usize = 16 * 1024;
+/// Buffers that grew past this for one large message are given back.
+const KEEP_BUFFER: usize = 64 * 1024;
 
 const HEADER_LEN: usize = 8;
+
+/// The services a plugin serves on conn 1, as ttrpc-codegen builds them.
+pub type Services = HashMap<String, Service>;
 
 /// Why a multiplexed session ended.
 #[derive(Debug, Error)]
@@ -54,96 +79,42 @@ pub enum MuxError {
     LocalClosed(u32),
 }
 
-/// The two logical connections of an NRI session.
-pub struct MuxConns {
-    /// Conn 1: hand to the ttrpc server that implements the Plugin service.
-    pub plugin_service: DuplexStream,
-    /// Conn 2: hand to the ttrpc client that calls the Runtime service.
-    pub runtime_service: DuplexStream,
-}
-
-/// Splits `trunk` into the NRI conns 1 and 2. `local` is the conn IDs as we
-/// see them: a plugin uses `(PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN)`,
-/// a runtime-side test peer uses the same IDs (the mux is symmetric).
-///
-/// Returns the conns and the driver future; the session is over when the
-/// driver returns (trunk EOF, malformed frame, or a local end closed).
-pub fn split<T>(
-    trunk: T,
+/// Serves `services` on conn 1 of `trunk` and returns conn 2 (hand it to
+/// the ttrpc client of the Runtime service) and the driver future. The
+/// session is over when the driver returns (trunk EOF, malformed frame, or
+/// conn 2 closed locally); dropping the driver closes the trunk and conn 2.
+pub fn serve(
+    trunk: UnixStream,
+    services: Services,
 ) -> (
-    MuxConns,
+    DuplexStream,
     impl std::future::Future<Output = MuxError> + Send + 'static,
-)
-where
-    T: AsyncRead + AsyncWrite + Send + 'static,
-{
-    let (plugin_local, plugin_remote) = tokio::io::duplex(PIPE_CAPACITY);
-    let (runtime_local, runtime_remote) = tokio::io::duplex(PIPE_CAPACITY);
-    let driver = drive(
-        trunk,
-        [
-            (PLUGIN_SERVICE_CONN, plugin_remote),
-            (RUNTIME_SERVICE_CONN, runtime_remote),
-        ],
-    );
-    (
-        MuxConns {
-            plugin_service: plugin_local,
-            runtime_service: runtime_local,
-        },
-        driver,
-    )
+) {
+    let (runtime_local, runtime_remote) = tokio::io::duplex(RUNTIME_PIPE_CAPACITY);
+    (runtime_local, drive(trunk, services, runtime_remote))
 }
 
-async fn drive<T>(trunk: T, conns: [(u32, DuplexStream); 2]) -> MuxError
-where
-    T: AsyncRead + AsyncWrite + Send + 'static,
-{
-    let (trunk_rd, trunk_wr) = tokio::io::split(trunk);
-    // Header and payload of a frame usually arrive together: one read, not two.
-    let mut trunk_rd = tokio::io::BufReader::with_capacity(64 * 1024, trunk_rd);
-    let trunk_wr = std::sync::Arc::new(Mutex::new(trunk_wr));
-    let (end_tx, mut end_rx) = mpsc::channel::<MuxError>(4);
-    let mut tasks = JoinSet::new();
-    let mut inbound = Vec::new();
-
-    for (conn, pipe) in conns {
-        let (pipe_rd, pipe_wr) = tokio::io::split(pipe);
-        inbound.push((conn, pipe_wr));
-        let wr = trunk_wr.clone();
-        let end = end_tx.clone();
-        tasks.spawn(async move {
-            let reason = pump_outgoing(conn, pipe_rd, wr).await;
-            let _ = end.send(reason).await;
-        });
-    }
-
-    let reader_end = end_tx.clone();
-    tasks.spawn(async move {
-        let reason = pump_incoming(&mut trunk_rd, inbound).await;
-        let _ = reader_end.send(reason).await;
-    });
-    drop(end_tx);
-
-    let reason = end_rx.recv().await.unwrap_or(MuxError::Closed);
+async fn drive(trunk: UnixStream, services: Services, runtime_conn: DuplexStream) -> MuxError {
+    let (trunk_rd, trunk_wr) = trunk.into_split();
+    let trunk_wr = Arc::new(Mutex::new(trunk_wr));
+    let (pipe_rd, pipe_wr) = tokio::io::split(runtime_conn);
+    // One task: frames in (and conn 1 answered) and conn 2 out are polled
+    // together; whichever ends first ends the session.
+    let reason = tokio::select! {
+        r = pump_outgoing(RUNTIME_SERVICE_CONN, pipe_rd, trunk_wr.clone()) => r,
+        r = pump_incoming(trunk_rd, pipe_wr, services, trunk_wr) => r,
+    };
     debug!(%reason, "nri multiplexer stopping");
-    // Aborting drops the pipe ends, so ttrpc sees EOF on both conns, and
-    // drops the trunk halves, so the runtime sees EOF too.
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
     reason
 }
 
-/// Copies bytes ttrpc wrote on one conn to the trunk, as frames of at most
-/// [`MAX_OUTGOING_PAYLOAD`] bytes, one write per frame.
-async fn pump_outgoing<W>(
+/// Copies bytes the ttrpc client wrote on one conn to the trunk, as frames
+/// of at most [`MAX_OUTGOING_PAYLOAD`] bytes, one write per frame.
+async fn pump_outgoing(
     conn: u32,
     mut pipe: ReadHalf<DuplexStream>,
-    trunk: std::sync::Arc<Mutex<W>>,
-) -> MuxError
-where
-    W: AsyncWrite + Unpin,
-{
+    trunk: Arc<Mutex<OwnedWriteHalf>>,
+) -> MuxError {
     let mut frame = vec![0u8; HEADER_LEN + MAX_OUTGOING_PAYLOAD];
     frame[..4].copy_from_slice(&conn.to_be_bytes());
     loop {
@@ -159,16 +130,9 @@ where
         };
         // n <= MAX_OUTGOING_PAYLOAD, which fits in u32.
         frame[4..HEADER_LEN].copy_from_slice(&(n as u32).to_be_bytes());
-        let mut wr = trunk.lock().await;
-        if let Err(source) = wr.write_all(&frame[..HEADER_LEN + n]).await {
+        if let Err(source) = trunk.lock().await.write_all(&frame[..HEADER_LEN + n]).await {
             return MuxError::Io {
                 context: "writing a frame",
-                source,
-            };
-        }
-        if let Err(source) = wr.flush().await {
-            return MuxError::Io {
-                context: "flushing a frame",
                 source,
             };
         }
@@ -176,60 +140,92 @@ where
     }
 }
 
-/// Reads frames from the trunk and delivers each payload to its conn.
-async fn pump_incoming<R>(
-    trunk: &mut R,
-    mut conns: Vec<(u32, tokio::io::WriteHalf<DuplexStream>)>,
-) -> MuxError
-where
-    R: AsyncRead + Unpin,
-{
-    let mut header = [0u8; HEADER_LEN];
+/// Reads frames from the trunk: conn 1 is decoded and answered here, conn 2
+/// goes to the ttrpc client's pipe, anything else is dropped.
+async fn pump_incoming(
+    trunk: OwnedReadHalf,
+    mut runtime: WriteHalf<DuplexStream>,
+    services: Services,
+    out: Arc<Mutex<OwnedWriteHalf>>,
+) -> MuxError {
+    let mut trunk = tokio::io::BufReader::with_capacity(READ_BUFFER, trunk);
     let mut payload = Vec::new();
+    let mut requests = MessageReader::default();
+    let mut answers = Answers::default();
     loop {
-        match trunk.read_exact(&mut header).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return MuxError::Closed,
-            Err(source) => {
-                return MuxError::Io {
-                    context: "reading a frame header",
-                    source,
+        let conn = match read_frame(&mut trunk, &mut payload).await {
+            Ok(conn) => conn,
+            Err(e) => return e,
+        };
+        match conn {
+            PLUGIN_SERVICE_CONN => {
+                requests.push(&payload);
+                while let Some(msg) = requests.next() {
+                    answer(&services, msg, &mut answers).await;
+                    // A frame may hold many small requests: write as we go
+                    // rather than collect an unbounded batch of answers.
+                    if answers.bytes.len() >= KEEP_BUFFER {
+                        if let Err(e) = answers.write_to(&out).await {
+                            return e;
+                        }
+                    }
                 }
+                if let Err(e) = answers.write_to(&out).await {
+                    return e;
+                }
+                requests.shrink();
             }
-        }
-        let (conn, len) = parse_header(&header);
-        if len > MAX_INCOMING_PAYLOAD {
-            return MuxError::Oversized {
-                conn,
-                len,
-                max: MAX_INCOMING_PAYLOAD,
-            };
-        }
-        payload.resize(len, 0);
-        if let Err(source) = trunk.read_exact(&mut payload).await {
-            return if source.kind() == io::ErrorKind::UnexpectedEof {
-                MuxError::Closed
-            } else {
-                MuxError::Io {
-                    context: "reading a frame payload",
-                    source,
-                }
-            };
-        }
-        match conns.iter_mut().find(|(id, _)| *id == conn) {
-            Some((_, pipe)) => {
-                // Blocks (and so stops reading the trunk) while ttrpc is behind:
-                // back-pressure instead of unbounded buffering.
-                if pipe.write_all(&payload).await.is_err() {
+            RUNTIME_SERVICE_CONN => {
+                // Blocks (and so stops reading the trunk) while the client is
+                // behind: back-pressure instead of unbounded buffering.
+                if runtime.write_all(&payload).await.is_err() {
                     return MuxError::LocalClosed(conn);
                 }
             }
-            None => debug!(conn, len, "dropping frame for a connection nobody opened"),
+            _ => debug!(
+                conn,
+                len = payload.len(),
+                "dropping frame for a connection nobody opened"
+            ),
         }
-        // Do not keep a huge buffer around after one large message.
-        if payload.capacity() > PIPE_CAPACITY {
+        if payload.capacity() > KEEP_BUFFER {
             payload = Vec::new();
         }
+    }
+}
+
+/// Reads one frame into `payload`; returns its conn id.
+async fn read_frame<R: AsyncRead + Unpin>(
+    trunk: &mut R,
+    payload: &mut Vec<u8>,
+) -> Result<u32, MuxError> {
+    let mut header = [0u8; HEADER_LEN];
+    match trunk.read_exact(&mut header).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(MuxError::Closed),
+        Err(source) => {
+            return Err(MuxError::Io {
+                context: "reading a frame header",
+                source,
+            })
+        }
+    }
+    let (conn, len) = parse_header(&header);
+    if len > MAX_INCOMING_PAYLOAD {
+        return Err(MuxError::Oversized {
+            conn,
+            len,
+            max: MAX_INCOMING_PAYLOAD,
+        });
+    }
+    payload.resize(len, 0);
+    match trunk.read_exact(payload).await {
+        Ok(_) => Ok(conn),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(MuxError::Closed),
+        Err(source) => Err(MuxError::Io {
+            context: "reading a frame payload",
+            source,
+        }),
     }
 }
 
@@ -239,9 +235,217 @@ fn parse_header(h: &[u8; HEADER_LEN]) -> (u32, usize) {
     (conn, len as usize)
 }
 
+/// A ttrpc message of conn 1: its header and body.
+enum Incoming<'a> {
+    Message(MessageHeader, &'a [u8]),
+    /// Longer than ttrpc allows; its body is skipped, not held.
+    Oversized(MessageHeader),
+}
+
+/// Cuts the byte stream of conn 1 into ttrpc messages. A message may span
+/// frames (Go sends header + 4086 bytes, then the rest), and a frame may
+/// hold several messages. Holds at most one message of at most
+/// [`MESSAGE_LENGTH_MAX`] plus one frame.
+#[derive(Default)]
+struct MessageReader {
+    buf: Vec<u8>,
+    /// Start of the bytes not yet handed out.
+    start: usize,
+    /// Bytes of an oversized message still to discard.
+    skip: usize,
+}
+
+impl MessageReader {
+    fn push(&mut self, mut bytes: &[u8]) {
+        if self.skip > 0 {
+            let n = self.skip.min(bytes.len());
+            self.skip -= n;
+            bytes = &bytes[n..];
+        }
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    fn next(&mut self) -> Option<Incoming<'_>> {
+        let avail = &self.buf[self.start..];
+        if avail.len() < MESSAGE_HEADER_LENGTH {
+            return None;
+        }
+        let header = MessageHeader::from(&avail[..MESSAGE_HEADER_LENGTH]);
+        let len = header.length as usize;
+        if len > MESSAGE_LENGTH_MAX {
+            let held = len.min(avail.len() - MESSAGE_HEADER_LENGTH);
+            self.skip = len - held;
+            self.start += MESSAGE_HEADER_LENGTH + held;
+            return Some(Incoming::Oversized(header));
+        }
+        if avail.len() < MESSAGE_HEADER_LENGTH + len {
+            return None;
+        }
+        let body = self.start + MESSAGE_HEADER_LENGTH..self.start + MESSAGE_HEADER_LENGTH + len;
+        self.start = body.end;
+        Some(Incoming::Message(header, &self.buf[body]))
+    }
+
+    /// Gives back the memory of one large message once it is handled.
+    fn shrink(&mut self) {
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+            if self.buf.capacity() > KEEP_BUFFER {
+                self.buf = Vec::new();
+            }
+        }
+    }
+}
+
+/// Answers ready to go out on conn 1, already cut into frames; reused.
+#[derive(Default)]
+struct Answers {
+    bytes: Vec<u8>,
+    encoded: Vec<u8>,
+}
+
+impl Answers {
+    /// Appends `resp` for `stream_id` as frames of at most
+    /// [`MAX_OUTGOING_PAYLOAD`]: the ttrpc header and body as one stream,
+    /// the way Go sends header + first 4086 bytes, then the rest.
+    fn push(&mut self, stream_id: u32, resp: &ttrpc::Response) {
+        self.encoded.clear();
+        self.encoded.resize(MESSAGE_HEADER_LENGTH, 0);
+        if let Err(e) = resp.write_to_vec(&mut self.encoded) {
+            warn!(error = %e, "cannot encode a ttrpc response");
+            return;
+        }
+        let body_len = self.encoded.len() - MESSAGE_HEADER_LENGTH;
+        if body_len > MESSAGE_LENGTH_MAX {
+            let status = ttrpc::get_status(
+                Code::RESOURCE_EXHAUSTED,
+                format!("response of {body_len} bytes exceeds the ttrpc limit"),
+            );
+            return self.push(stream_id, &status_response(status));
+        }
+        let header: Vec<u8> = MessageHeader::new_response(stream_id, body_len as u32).into();
+        self.encoded[..MESSAGE_HEADER_LENGTH].copy_from_slice(&header);
+        for chunk in self.encoded.chunks(MAX_OUTGOING_PAYLOAD) {
+            self.bytes
+                .extend_from_slice(&PLUGIN_SERVICE_CONN.to_be_bytes());
+            self.bytes
+                .extend_from_slice(&(chunk.len() as u32).to_be_bytes());
+            self.bytes.extend_from_slice(chunk);
+        }
+        if self.encoded.capacity() > KEEP_BUFFER {
+            self.encoded = Vec::new();
+        }
+    }
+
+    /// One write for everything collected. When the peer does not read,
+    /// this waits, and so does the reading of further requests.
+    async fn write_to(&mut self, out: &Mutex<OwnedWriteHalf>) -> Result<(), MuxError> {
+        if self.bytes.is_empty() {
+            return Ok(());
+        }
+        let r = out.lock().await.write_all(&self.bytes).await;
+        self.bytes.clear();
+        if self.bytes.capacity() > KEEP_BUFFER {
+            self.bytes = Vec::new();
+        }
+        r.map_err(|source| MuxError::Io {
+            context: "writing an answer",
+            source,
+        })
+    }
+}
+
+fn status_response(status: ttrpc::Status) -> ttrpc::Response {
+    ttrpc::Response {
+        status: protobuf::MessageField::some(status),
+        ..Default::default()
+    }
+}
+
+/// Handles one message of conn 1 the way ttrpc's server does: requests on
+/// odd stream ids go to their method; everything else gets an error status.
+async fn answer(services: &Services, msg: Incoming<'_>, out: &mut Answers) {
+    let (header, body) = match msg {
+        Incoming::Message(h, body) => (h, body),
+        Incoming::Oversized(h) => {
+            let status = ttrpc::get_status(
+                Code::INVALID_ARGUMENT,
+                format!(
+                    "message length {} exceeds the maximum of {MESSAGE_LENGTH_MAX}",
+                    h.length
+                ),
+            );
+            return out.push(h.stream_id, &status_response(status));
+        }
+    };
+    let stream_id = header.stream_id;
+    if stream_id % 2 != 1 {
+        let status = ttrpc::get_status(Code::INVALID_ARGUMENT, "stream id must be odd");
+        return out.push(stream_id, &status_response(status));
+    }
+    match header.type_ {
+        MESSAGE_TYPE_REQUEST => {}
+        MESSAGE_TYPE_DATA => {
+            let status = ttrpc::get_status(Code::INVALID_ARGUMENT, "no streaming methods here");
+            return out.push(stream_id, &status_response(status));
+        }
+        other => {
+            debug!(
+                stream_id,
+                r#type = other,
+                "ignoring a ttrpc message of unknown type"
+            );
+            return;
+        }
+    }
+    let resp = match call(services, header, body).await {
+        Ok(resp) => resp,
+        Err(status) => status_response(status),
+    };
+    out.push(stream_id, &resp);
+}
+
+async fn call(
+    services: &Services,
+    header: MessageHeader,
+    body: &[u8],
+) -> Result<ttrpc::Response, ttrpc::Status> {
+    let req = ttrpc::Request::parse_from_bytes(body)
+        .map_err(|e| ttrpc::get_status(Code::INVALID_ARGUMENT, e.to_string()))?;
+    trace!(service = %req.service, method = %req.method, "request");
+    let service = services.get(&req.service).ok_or_else(|| {
+        ttrpc::get_status(
+            Code::INVALID_ARGUMENT,
+            format!("{} service does not exist", req.service),
+        )
+    })?;
+    let method = service
+        .methods
+        .get(&req.method)
+        .ok_or_else(|| ttrpc::get_status(Code::UNIMPLEMENTED, format!("{} method", req.method)))?;
+    let ctx = TtrpcContext {
+        mh: header,
+        metadata: ttrpc::context::from_pb(&req.metadata),
+        timeout_nano: req.timeout_nano,
+        ..Default::default()
+    };
+    // The Plugin handlers never wait on anything: they run to completion
+    // right here, so a timeout around them would never fire.
+    method.handler(ctx, req).await.map_err(|e| {
+        warn!(error = ?e, "ttrpc method failed");
+        ttrpc::get_status(Code::UNKNOWN, format!("{e:?}"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ttrpc::proto::MESSAGE_TYPE_RESPONSE;
 
     fn frame(conn: u32, payload: &[u8]) -> Vec<u8> {
         let mut f = conn.to_be_bytes().to_vec();
@@ -250,58 +454,140 @@ mod tests {
         f
     }
 
-    async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> (u32, Vec<u8>) {
-        let mut h = [0u8; HEADER_LEN];
-        r.read_exact(&mut h).await.unwrap();
-        let (conn, len) = parse_header(&h);
-        let mut p = vec![0; len];
-        r.read_exact(&mut p).await.unwrap();
-        (conn, p)
+    fn ttrpc_request(stream_id: u32, method: &str) -> Vec<u8> {
+        let req = ttrpc::Request {
+            service: "svc".into(),
+            method: method.into(),
+            ..Default::default()
+        };
+        let body = req.write_to_bytes().unwrap();
+        let mut m: Vec<u8> = MessageHeader::new_request(stream_id, body.len() as u32).into();
+        m.extend_from_slice(&body);
+        m
+    }
+
+    #[test]
+    fn messages_are_cut_across_and_within_frames() {
+        let mut r = MessageReader::default();
+        let a = ttrpc_request(1, "a");
+        let b = ttrpc_request(3, "b");
+        let mut both = a.clone();
+        both.extend_from_slice(&b);
+        // Byte by byte: nothing until a whole message is there.
+        let mut seen = Vec::new();
+        for byte in &both {
+            r.push(std::slice::from_ref(byte));
+            while let Some(Incoming::Message(h, body)) = r.next() {
+                let req = ttrpc::Request::parse_from_bytes(body).unwrap();
+                seen.push((h.stream_id, req.method));
+            }
+            r.shrink();
+        }
+        assert_eq!(seen, [(1, "a".to_string()), (3, "b".to_string())]);
+        // Both in one push.
+        r.push(&both);
+        assert!(matches!(r.next(), Some(Incoming::Message(h, _)) if h.stream_id == 1));
+        assert!(matches!(r.next(), Some(Incoming::Message(h, _)) if h.stream_id == 3));
+        assert!(r.next().is_none());
+    }
+
+    #[test]
+    fn an_oversized_message_is_skipped_not_held() {
+        let mut r = MessageReader::default();
+        let len = MESSAGE_LENGTH_MAX as u32 + 1;
+        let mut m: Vec<u8> = MessageHeader::new_request(5, len).into();
+        m.extend_from_slice(&[0u8; 100]);
+        r.push(&m);
+        assert!(matches!(r.next(), Some(Incoming::Oversized(h)) if h.stream_id == 5));
+        r.shrink();
+        // The rest of its body arrives and is discarded as it comes.
+        let rest = vec![0u8; len as usize - 100];
+        for chunk in rest.chunks(1 << 20) {
+            r.push(chunk);
+            assert!(r.next().is_none());
+            r.shrink();
+            assert!(r.buf.capacity() <= KEEP_BUFFER.max(1 << 20));
+        }
+        r.push(&ttrpc_request(7, "after"));
+        assert!(matches!(r.next(), Some(Incoming::Message(h, _)) if h.stream_id == 7));
+    }
+
+    #[test]
+    fn answers_are_cut_into_go_readable_frames() {
+        let mut a = Answers::default();
+        let resp = ttrpc::Response {
+            payload: vec![7u8; 20_000],
+            ..Default::default()
+        };
+        a.push(9, &resp);
+        let mut stream = Vec::new();
+        let mut rest = &a.bytes[..];
+        while !rest.is_empty() {
+            let (conn, len) = parse_header(rest[..HEADER_LEN].try_into().unwrap());
+            assert_eq!(conn, PLUGIN_SERVICE_CONN);
+            assert!(len <= MAX_OUTGOING_PAYLOAD, "{len}");
+            stream.extend_from_slice(&rest[HEADER_LEN..HEADER_LEN + len]);
+            rest = &rest[HEADER_LEN + len..];
+        }
+        let h = MessageHeader::from(&stream[..MESSAGE_HEADER_LENGTH]);
+        assert_eq!((h.stream_id, h.type_), (9, MESSAGE_TYPE_RESPONSE));
+        let got = ttrpc::Response::parse_from_bytes(&stream[MESSAGE_HEADER_LENGTH..]).unwrap();
+        assert_eq!(got.payload, resp.payload);
     }
 
     #[tokio::test]
-    async fn delivers_payloads_to_their_conn_and_drops_unknown_conns() {
-        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
-        let (mut conns, driver) = split(ours);
+    async fn conn_2_is_carried_and_unknown_conns_are_dropped() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (mut runtime_conn, driver) = serve(ours, Services::new());
         let driver = tokio::spawn(driver);
         theirs.write_all(&frame(7, b"nobody")).await.unwrap();
         theirs.write_all(&frame(2, b"to-runtime")).await.unwrap();
-        theirs.write_all(&frame(1, b"to-plugin")).await.unwrap();
-        let mut buf = [0u8; 9];
-        conns.plugin_service.read_exact(&mut buf).await.unwrap();
-        assert_eq!(&buf, b"to-plugin");
         let mut buf = [0u8; 10];
-        conns.runtime_service.read_exact(&mut buf).await.unwrap();
+        runtime_conn.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"to-runtime");
+        // Large writes on conn 2 leave as small frames.
+        let big: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
+        runtime_conn.write_all(&big).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < big.len() {
+            let mut p = Vec::new();
+            let conn = read_frame(&mut theirs, &mut p).await.unwrap();
+            assert_eq!(conn, RUNTIME_SERVICE_CONN);
+            assert!(!p.is_empty() && p.len() <= MAX_OUTGOING_PAYLOAD);
+            got.extend(p);
+        }
+        assert_eq!(got, big);
         drop(theirs);
         assert!(matches!(driver.await.unwrap(), MuxError::Closed));
     }
 
     #[tokio::test]
-    async fn splits_large_writes_into_go_readable_frames() {
-        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
-        let (mut conns, driver) = split(ours);
+    async fn requests_on_conn_1_get_answers_and_errors_get_a_status() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (_runtime_conn, driver) = serve(ours, Services::new());
         tokio::spawn(driver);
-        let big: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
-        conns.plugin_service.write_all(&big).await.unwrap();
-        let mut got = Vec::new();
-        while got.len() < big.len() {
-            let (conn, p) = read_frame(&mut theirs).await;
-            assert_eq!(conn, PLUGIN_SERVICE_CONN);
-            assert!(
-                !p.is_empty() && p.len() <= MAX_OUTGOING_PAYLOAD,
-                "{}",
-                p.len()
-            );
-            got.extend(p);
+        // Unknown service; then an even stream id; then garbage protobuf.
+        let mut garbage: Vec<u8> = MessageHeader::new_request(5, 3).into();
+        garbage.extend_from_slice(&[0xff, 0xff, 0xff]);
+        for (m, stream, code) in [
+            (ttrpc_request(1, "x"), 1, Code::INVALID_ARGUMENT),
+            (ttrpc_request(2, "x"), 2, Code::INVALID_ARGUMENT),
+            (garbage, 5, Code::INVALID_ARGUMENT),
+        ] {
+            theirs.write_all(&frame(1, &m)).await.unwrap();
+            let mut p = Vec::new();
+            assert_eq!(read_frame(&mut theirs, &mut p).await.unwrap(), 1);
+            let h = MessageHeader::from(&p[..MESSAGE_HEADER_LENGTH]);
+            assert_eq!(h.stream_id, stream);
+            let r = ttrpc::Response::parse_from_bytes(&p[MESSAGE_HEADER_LENGTH..]).unwrap();
+            assert_eq!(r.status.code(), code);
         }
-        assert_eq!(got, big);
     }
 
     #[tokio::test]
     async fn oversized_frame_ends_the_session() {
-        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
-        let (_conns, driver) = split(ours);
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (_conn, driver) = serve(ours, Services::new());
         let driver = tokio::spawn(driver);
         let mut h = 1u32.to_be_bytes().to_vec();
         h.extend_from_slice(&u32::MAX.to_be_bytes());
@@ -318,31 +604,15 @@ mod tests {
 
     #[tokio::test]
     async fn truncated_frame_is_a_clean_close() {
-        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
-        let (mut conns, driver) = split(ours);
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (mut conn, driver) = serve(ours, Services::new());
         let driver = tokio::spawn(driver);
-        let f = frame(1, b"only part of this arrives");
+        let f = frame(2, b"only part of this arrives");
         theirs.write_all(&f[..12]).await.unwrap();
         drop(theirs);
         assert!(matches!(driver.await.unwrap(), MuxError::Closed));
         let mut rest = Vec::new();
-        conns.plugin_service.read_to_end(&mut rest).await.unwrap();
+        conn.read_to_end(&mut rest).await.unwrap();
         assert!(rest.is_empty());
-    }
-
-    #[tokio::test]
-    async fn accepts_a_whole_ttrpc_message_in_one_frame() {
-        let (ours, mut theirs) = tokio::io::duplex(8 << 20);
-        let (mut conns, driver) = split(ours);
-        tokio::spawn(driver);
-        let big = vec![0x5au8; 3 << 20];
-        let f = frame(1, &big);
-        tokio::spawn(async move {
-            theirs.write_all(&f).await.unwrap();
-            theirs
-        });
-        let mut got = vec![0u8; big.len()];
-        conns.plugin_service.read_exact(&mut got).await.unwrap();
-        assert_eq!(got, big);
     }
 }

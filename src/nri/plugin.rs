@@ -20,6 +20,7 @@ use super::convert;
 use super::oom_fallback;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
+use super::reassembly::{Complete, SyncReassembler};
 use crate::cgroup::keeper::read_protection;
 use crate::cgroup::layout::pod_cgroups;
 use crate::cgroup::plan::{Owner, Protection, PAGE_SIZE};
@@ -48,14 +49,9 @@ const fn event_bit(e: api::Event) -> i32 {
     1 << (e as i32 - 1)
 }
 
-/// Request timeout the runtime uses when Configure does not say (NRI v0.6.1).
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+pub use super::reassembly::DEFAULT_REQUEST_TIMEOUT;
 /// Registration timeout the runtime uses when Configure does not say.
 pub const DEFAULT_REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// A peer may split Synchronize into chunks; we hold at most this many
-/// objects while reassembling (far above any real node).
-pub const MAX_SYNC_OBJECTS: usize = 200_000;
 
 /// Everything the handlers need that does not change during a session.
 #[derive(Debug, Clone)]
@@ -144,12 +140,6 @@ struct LiveSettings {
     dry_run: bool,
 }
 
-#[derive(Default)]
-struct SyncBuffer {
-    pods: Vec<api::PodSandbox>,
-    containers: Vec<api::Container>,
-}
-
 /// Counters a test or the metrics endpoint can read.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
@@ -167,7 +157,7 @@ pub struct QosPlugin {
     /// config (sent in Configure) may replace what we started with.
     live: RwLock<LiveSettings>,
     runtime: Mutex<Option<RuntimeInfo>>,
-    sync: Mutex<SyncBuffer>,
+    sync: Mutex<SyncReassembler>,
     registry: Arc<Mutex<Registry>>,
     counters: Mutex<Counters>,
     configured: watch::Sender<bool>,
@@ -194,7 +184,7 @@ impl QosPlugin {
             }),
             settings,
             runtime: Mutex::new(None),
-            sync: Mutex::new(SyncBuffer::default()),
+            sync: Mutex::new(SyncReassembler::default()),
             registry: Arc::new(Mutex::new(Registry {
                 kubelet_memory_qos,
                 ..Registry::default()
@@ -251,7 +241,7 @@ impl QosPlugin {
     /// runtime, which re-sends everything in Synchronize.
     pub fn reset_session(&self) {
         *lock(&self.runtime) = None;
-        *lock(&self.sync) = SyncBuffer::default();
+        *lock(&self.sync) = SyncReassembler::default();
         self.configured.send_replace(false);
     }
 
@@ -423,7 +413,11 @@ impl QosPlugin {
     /// more protection than our own policy gives its containers was
     /// protected by the kubelet (the keeper and `audit` apply the same rule),
     /// and its containers must not get ours in this Synchronize either.
-    fn recover_pod_owners(&self, buf: &SyncBuffer, pods: &HashMap<&str, &api::PodSandbox>) {
+    fn recover_pod_owners(
+        &self,
+        buf: &super::reassembly::Snapshot,
+        pods: &HashMap<&str, &api::PodSandbox>,
+    ) {
         let policy = self.live().policy;
         if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !self.settings.node.cgroup_v2
         {
@@ -524,7 +518,9 @@ impl QosPlugin {
         }
     }
 
-    fn finish_sync(&self, buf: SyncBuffer) -> Vec<api::ContainerUpdate> {
+    fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
+        let buf = whole.snapshot;
+        let mut skipped = 0usize;
         {
             let mut reg = lock(&self.registry);
             let owners = std::mem::take(&mut reg.owners);
@@ -550,7 +546,13 @@ impl QosPlugin {
                 });
         }
         let mut updates = Vec::new();
-        for c in &buf.containers {
+        for (i, c) in buf.containers.iter().enumerate() {
+            // Answer in time with what we have rather than be dropped for
+            // being late; the rest is learnt from later events.
+            if i % 64 == 0 && whole.answer_by.is_some_and(|t| Instant::now() > t) {
+                skipped = buf.containers.len() - i;
+                break;
+            }
             let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
                 debug!(container = %c.id, "synchronized container without a known pod; skipped");
                 continue;
@@ -581,6 +583,13 @@ impl QosPlugin {
             updates = updates.len(),
             "synchronized with the runtime"
         );
+        if whole.dropped + skipped > 0 {
+            warn!(
+                dropped = whole.dropped,
+                not_decided = skipped,
+                "Synchronize was partial (see the reassembly bounds); the rest is handled as events arrive"
+            );
+        }
         updates
     }
 }
@@ -694,6 +703,14 @@ fn unimplemented<T>(method: &str) -> ttrpc::Result<T> {
     )))
 }
 
+/// The timeout a request carries (`None`: the runtime sent none).
+pub fn request_timeout(ctx: &TtrpcContext) -> Option<Duration> {
+    u64::try_from(ctx.timeout_nano)
+        .ok()
+        .filter(|n| *n > 0)
+        .map(Duration::from_nanos)
+}
+
 fn ms(v: i64) -> Option<Duration> {
     u64::try_from(v)
         .ok()
@@ -735,35 +752,19 @@ impl Plugin for QosPlugin {
 
     async fn synchronize(
         &self,
-        _ctx: &TtrpcContext,
+        ctx: &TtrpcContext,
         req: api::SynchronizeRequest,
     ) -> ttrpc::Result<api::SynchronizeResponse> {
-        let mut buf = lock(&self.sync);
-        if buf.pods.len() + buf.containers.len() + req.pods.len() + req.containers.len()
-            > MAX_SYNC_OBJECTS
-        {
-            warn!(
-                limit = MAX_SYNC_OBJECTS,
-                "synchronize carries more objects than we hold; dropping the partial state"
-            );
-            *buf = SyncBuffer::default();
-            return Ok(api::SynchronizeResponse {
-                more: req.more,
-                ..Default::default()
-            });
-        }
-        buf.pods.extend(req.pods);
-        buf.containers.extend(req.containers);
-        if req.more {
+        let timeout = request_timeout(ctx);
+        let whole = lock(&self.sync).push(req, timeout, Instant::now());
+        let Some(whole) = whole else {
             // Every chunk but the last must be answered with more=true and no
             // updates, or the runtime drops the plugin.
             return Ok(api::SynchronizeResponse {
                 more: true,
                 ..Default::default()
             });
-        }
-        let whole = std::mem::take(&mut *buf);
-        drop(buf);
+        };
         let update = self.finish_sync(whole);
         release_freed_memory();
         Ok(api::SynchronizeResponse {
@@ -1054,9 +1055,12 @@ mod tests {
         )
         .unwrap();
         let p2 = plugin(dir.path());
-        let updates = p2.finish_sync(SyncBuffer {
-            pods: vec![kp, ours],
-            containers: vec![hidden_container("c1", "k"), hidden_container("c2", "n")],
+        let updates = p2.finish_sync(Complete {
+            snapshot: super::super::reassembly::Snapshot {
+                pods: vec![kp, ours],
+                containers: vec![hidden_container("c1", "k"), hidden_container("c2", "n")],
+            },
+            ..Default::default()
         });
         let reg = lock(&p2.registry);
         assert!(reg.containers["c1"].kubelet_memory_qos);

@@ -7,12 +7,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use thiserror::Error;
 use tokio::net::UnixStream;
 use tracing::{info, warn};
-use ttrpc::r#async::transport::{Listener, Socket};
-use ttrpc::r#async::{Client, Server};
+use ttrpc::r#async::transport::Socket;
+use ttrpc::r#async::Client;
 
 use super::mux::{self, MuxError};
 use super::plugin::{QosPlugin, DEFAULT_REGISTRATION_TIMEOUT};
@@ -83,8 +82,6 @@ pub enum SessionError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot start the ttrpc server: {0}")]
-    Server(String),
     #[error("runtime refused or did not answer RegisterPlugin: {0}")]
     Register(String),
     #[error("session ended: {0}")]
@@ -129,30 +126,17 @@ impl<T> Drop for AbortOnDrop<T> {
 /// Configure arrived in time.
 pub async fn serve(
     trunk: UnixStream,
-    services: std::collections::HashMap<String, ttrpc::r#async::Service>,
+    services: mux::Services,
     identity: &Identity,
     configured: impl std::future::Future<Output = bool>,
 ) -> SessionError {
-    let (conns, driver) = mux::split(trunk);
+    // Conn 1 is served from the moment the driver runs, before we register:
+    // the runtime calls Configure right after it accepts the registration,
+    // possibly before we see the reply.
+    let (runtime_conn, driver) = mux::serve(trunk, services);
     let mut driver = AbortOnDrop(tokio::spawn(driver));
 
-    // Serve conn 1 before registering: the runtime calls Configure right
-    // after it accepts the registration, possibly before we see the reply.
-    let plugin_conn = conns.plugin_service;
-    // The stream must not end: ttrpc's Server::shutdown panics once its
-    // accept loop has seen the end of the listener.
-    let listener = Listener::new(
-        futures::stream::once(async move { Ok::<_, io::Error>(plugin_conn) })
-            .chain(futures::stream::pending()),
-    );
-    let mut server = Server::new()
-        .register_service(services)
-        .add_listener(listener);
-    if let Err(e) = server.start().await {
-        return SessionError::Server(e.to_string());
-    }
-
-    let client = api_ttrpc::RuntimeClient::new(Client::new(Socket::new(conns.runtime_service)));
+    let client = api_ttrpc::RuntimeClient::new(Client::new(Socket::new(runtime_conn)));
     let req = api::RegisterPluginRequest {
         plugin_name: identity.name.clone(),
         plugin_idx: identity.index.clone(),
@@ -164,7 +148,6 @@ pub async fn serve(
         r = &mut driver.0 => Err(SessionError::Ended(r.unwrap_or(MuxError::Closed))),
     };
     if let Err(e) = registered {
-        let _ = server.shutdown().await;
         return e;
     }
     info!(name = %identity.name, index = %identity.index, "registered with the runtime");
@@ -179,7 +162,6 @@ pub async fn serve(
     super::relax::LINK.set(None);
     // Keep the client alive until here: dropping it closes conn 2.
     drop(client);
-    let _ = server.shutdown().await;
     SessionError::Ended(reason)
 }
 
