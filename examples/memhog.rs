@@ -10,6 +10,11 @@
 //! first time it drops under each level, so a harness knows when the node
 //! really crossed a threshold, whatever the monitor saw; exits when all are
 //! crossed.
+//! `memhog --churn <MiB> [seconds]`: like a garbage-collected runtime, keep
+//! <MiB> of anonymous memory and keep replacing it 1 MiB at a time (free the
+//! oldest chunk, allocate and touch a new one), printing
+//! `churn <epoch_ms> <MiB/s>` once a second: a container throttled at its
+//! memory.high shows it as a drop in MiB/s. Runs for [seconds] (0 = forever).
 //! Build static-ish: `cargo build --release --example memhog`
 //! (`RUSTFLAGS='-C target-feature=+crt-static' --target x86_64-unknown-linux-gnu`
 //! for a fully static binary).
@@ -74,7 +79,62 @@ fn watch(levels_kb: &[u64]) -> ! {
     std::process::exit(0)
 }
 
+/// Allocates 1 MiB and touches every page, so the memory is really charged.
+fn touched_chunk(tag: usize) -> Vec<u8> {
+    let mut chunk = vec![0u8; MIB];
+    for p in (0..MIB).step_by(PAGE) {
+        chunk[p] = (tag as u8) | 1;
+    }
+    std::hint::black_box(&mut chunk);
+    chunk
+}
+
+/// `--churn`: see the module docs.
+fn churn(total: usize, seconds: u64) -> ! {
+    let mut chunks: std::collections::VecDeque<Vec<u8>> = (0..total).map(touched_chunk).collect();
+    println!(
+        "churn {} holding {total}MiB pid={}",
+        epoch_ms(),
+        std::process::id()
+    );
+    let start = Instant::now();
+    let (mut mark, mut replaced) = (Instant::now(), 0u64);
+    let mut i = total;
+    loop {
+        chunks.pop_front();
+        chunks.push_back(touched_chunk(i));
+        i += 1;
+        replaced += 1;
+        let elapsed = mark.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            println!(
+                "churn {} {:.1}",
+                epoch_ms(),
+                replaced as f64 / elapsed.as_secs_f64()
+            );
+            let _ = std::io::stdout().flush();
+            (mark, replaced) = (Instant::now(), 0);
+            if seconds > 0 && start.elapsed() >= Duration::from_secs(seconds) {
+                std::hint::black_box(&chunks);
+                std::process::exit(0);
+            }
+        }
+    }
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--churn") {
+        let mib = |n: usize, default: u64| {
+            std::env::args()
+                .nth(n)
+                .map_or(Some(default), |s| s.parse().ok())
+                .unwrap_or_else(|| {
+                    eprintln!("usage: memhog --churn <MiB> [seconds]");
+                    std::process::exit(2)
+                })
+        };
+        churn(mib(2, 240) as usize, mib(3, 0));
+    }
     if std::env::args().nth(1).as_deref() == Some("--watch") {
         let levels: Vec<u64> = std::env::args()
             .skip(2)
@@ -99,12 +159,7 @@ fn main() {
         std::process::id()
     );
     for i in 0..total {
-        let mut chunk = vec![0u8; MIB];
-        // Touch every page so the memory is really charged (not just mapped).
-        for p in (0..MIB).step_by(PAGE) {
-            chunk[p] = (i as u8) | 1;
-        }
-        chunks.push(chunk);
+        chunks.push(touched_chunk(i));
         let done = i + 1;
         if done % 16 == 0 || done == total {
             let _ = writeln!(out.lock(), "memhog {} {done}", epoch_ms());

@@ -7,7 +7,8 @@
 #   scripts/bench-pressure.sh [--runs 10] [--rate 256] [--idle 60] [--native-only]
 #
 # --native-only skips the VM and measures only the idle cost on this
-# machine's own CPU (fake trees in a temp directory), in about --idle s.
+# machine's own CPU (fake 110-pod trees in a temp directory, throttle guard
+# on and off), in about --idle s.
 #
 # rate: MiB/s the BestEffort hog allocates (each run ramps it past the
 # thresholds). Under qemu's software emulation the VM is ~10-50x slower than
@@ -116,24 +117,31 @@ PY
 fi
 
 # Idle cost on this machine's own CPU (no emulation): the same monitor on
-# fake trees (temp dirs; no PSI triggers, nothing of the host's cgroups is
-# touched) with 1.3 GiB and 8 GiB of a 16 GiB node free, for $idle s.
+# fake 110-pod trees (temp dirs; no PSI triggers, nothing of the host's
+# cgroups is touched) with 1.3 GiB and 8 GiB of a 16 GiB node free, with the
+# memory.high throttle guard on (the default) and, as the peer, off, for $idle s.
 tmp="$(mktemp -d)"
 trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-for free in 1300 8192; do
-  bash tests/e2e/pressure/fake-tree.sh "$tmp/t$free" "$free" >/dev/null
-  target/release/nri-qos monitor --cgroup-root "$tmp/t$free/cgroup" --proc-root "$tmp/t$free/proc" 2>/dev/null &
-  echo $! >"$tmp/$free.pid"
+printf '[throttle]\nenabled = false\n' >"$tmp/guard-off.toml"
+printf '[throttle]\nenabled = true\n' >"$tmp/guard-on.toml"
+runs_native="1300-on 8192-on 1300-off 8192-off"
+for r in $runs_native; do
+  free=${r%-*} guard=${r#*-}
+  bash tests/e2e/pressure/fake-tree.sh "$tmp/t$r" "$free" 106 >/dev/null
+  target/release/nri-qos monitor --config "$tmp/guard-$guard.toml" \
+    --cgroup-root "$tmp/t$r/cgroup" --proc-root "$tmp/t$r/proc" 2>/dev/null &
+  echo $! >"$tmp/$r.pid"
 done
 sleep 2
 # CPU time of every thread in ns (schedstat), finer than the 10 ms ticks of stat.
 cpu_ns() { cat /proc/"$(cat "$tmp/$1.pid")"/task/*/schedstat | awk '{ s += $1 } END { print s }'; }
-a1=$(cpu_ns 1300) a8=$(cpu_ns 8192)
+for r in $runs_native; do eval "a_${r%-*}_${r#*-}=$(cpu_ns "$r")"; done
 sleep "$idle"
-for free in 1300 8192; do
-  a=$a1; [ "$free" = 8192 ] && a=$a8
-  t=$(($(cpu_ns $free) - a))
-  rss=$(awk '/^VmRSS/ {print $2}' "/proc/$(cat "$tmp/$free.pid")/status")
-  awk -v t="$t" -v s="$idle" -v f="$free" -v r="$rss" \
-    'BEGIN { printf "native idle, %5d MiB free of 16 GiB: %.3f %% of one core over %d s (%.1f ms CPU), RSS %d kB\n", f, t / s / 1e7, s, t / 1e6, r }'
+for r in $runs_native; do
+  free=${r%-*} guard=${r#*-}
+  eval "a=\$a_${free}_${guard}"
+  t=$(($(cpu_ns "$r") - a))
+  rss=$(awk '/^VmRSS/ {print $2}' "/proc/$(cat "$tmp/$r.pid")/status")
+  awk -v t="$t" -v s="$idle" -v f="$free" -v r="$rss" -v g="$guard" \
+    'BEGIN { printf "native idle, 110 pods, %5d MiB free of 16 GiB, throttle guard %-3s: %.4f %% of one core over %d s (%.1f ms CPU), RSS %d kB\n", f, g, t / s / 1e7, s, t / 1e6, r }'
 done

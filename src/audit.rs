@@ -186,6 +186,12 @@ fn check(key: &str, expected: String, actual: Option<String>) -> Check {
     }
 }
 
+/// memory.high raised to memory.max by the monitor's throttle guard: not
+/// drift, the policy leaves it so until the container restarts or is resized.
+fn relaxed(want: &str, dir: &Path) -> bool {
+    crate::pressure::throttle::relaxed_in_tree(dir, want)
+}
+
 /// A value the policy does not claim: reported, not judged.
 fn report_only(key: &str, actual: Option<String>) -> Check {
     Check {
@@ -308,6 +314,16 @@ pub fn audit(
                         d.adjustment.unified.get(key),
                         facts.resources.unified.get(key),
                     ) {
+                        (Some(want), _) if key == "memory.high" && relaxed(want, &dir) => Check {
+                            key: key.into(),
+                            expected: Some(want.clone()),
+                            actual: format!(
+                                "{} (relaxed by the throttle guard)",
+                                file(key).unwrap_or_default()
+                            ),
+                            ok: true,
+                            owner: Owner::NriQos,
+                        },
                         (Some(want), _) => check(key, want.clone(), file(key)),
                         // The kubelet's value as it sent it: never replaced, so it must be there.
                         (None, Some(sent)) => {

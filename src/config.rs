@@ -10,6 +10,7 @@ use thiserror::Error;
 
 use crate::cgroup::HierarchyConfig;
 use crate::kube::KubernetesConfig;
+use crate::pressure::throttle::ThrottleConfig;
 use crate::pressure::MonitorConfig;
 use crate::qos::PolicyConfig;
 
@@ -26,6 +27,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub hierarchy: HierarchyConfig,
     pub monitor: MonitorConfig,
+    /// The memory.high throttle guard of the monitor.
+    pub throttle: ThrottleConfig,
     pub metrics: MetricsConfig,
     pub kubernetes: KubernetesConfig,
 }
@@ -379,6 +382,10 @@ impl Config {
         })?;
         self.monitor.validate().map_err(|e| ConfigError::Invalid {
             field: "monitor",
+            reason: e.to_string(),
+        })?;
+        self.throttle.validate().map_err(|e| ConfigError::Invalid {
+            field: "throttle",
             reason: e.to_string(),
         })?;
         self.policy

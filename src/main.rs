@@ -464,7 +464,8 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
                 cgroup_root: cfg.node.cgroup_root.clone(),
                 proc_root: cfg.node.proc_root.clone(),
             };
-            let monitor_cfg = cfg.monitor.clone();
+            let mut monitor_cfg = cfg.monitor.clone();
+            monitor_cfg.throttle = cfg.throttle.clone();
             let metrics = cfg.metrics.enabled.then(|| plugin.metrics());
             // The API server's facts (exact request, priority, static pods)
             // first; the runtime's for pods it does not know (yet).
@@ -475,13 +476,16 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
             let cluster = kube
                 .clone()
                 .map(|k| Arc::new(k) as Arc<dyn nri_qos::pressure::cluster::ClusterEvictions>);
+            let (relaxer, relax_task) = nri_qos::nri::relax::relaxer();
+            tokio::spawn(relax_task);
             tokio::spawn(async move {
-                if let Err(e) = nri_qos::pressure::run_with_cluster(
+                if let Err(e) = nri_qos::pressure::run_in_plugin(
                     monitor_cfg,
                     paths,
                     registry,
                     metrics,
                     cluster,
+                    Arc::new(relaxer),
                 )
                 .await
                 {

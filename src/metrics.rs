@@ -51,6 +51,9 @@ pub const KINDS: &[&str] = &[
 /// its soft threshold held for the grace period (`pressure::decide::Reason`;
 /// its `Debug` names match case-insensitively).
 pub const REASONS: &[&str] = &["hard", "soft", OTHER];
+/// Which throttle-guard signal led to an eviction (`signal`;
+/// `pressure::throttle::Signal::label`).
+pub const SIGNALS: &[&str] = &["high", "max", "psi", OTHER];
 /// Label value for anything outside the sets above.
 pub const OTHER: &str = "other";
 
@@ -120,6 +123,9 @@ pub struct Metrics {
     hook_sum_nanos: AtomicU64,
     hook_count: AtomicU64,
     runtime_connected: AtomicBool,
+    throttle_relaxed: Box<[AtomicU64]>,
+    throttle_evictions: Box<[AtomicU64]>,
+    throttle_under: AtomicU64,
     /// The optional Kubernetes API source (`crate::kube`); its series
     /// appear only when it runs.
     kube: KubeMetrics,
@@ -168,6 +174,9 @@ impl Metrics {
             hook_sum_nanos: AtomicU64::new(0),
             hook_count: AtomicU64::new(0),
             runtime_connected: AtomicBool::new(false),
+            throttle_relaxed: counters(CLASSES.len()),
+            throttle_evictions: counters(CLASSES.len() * SIGNALS.len()),
+            throttle_under: AtomicU64::new(0),
             kube: KubeMetrics::default(),
             protection_owners: counters(PROTECTION_OWNERS.len()),
         }
@@ -205,6 +214,22 @@ impl Metrics {
     pub fn inc_eviction(&self, class: &str, reason: &str) {
         let i = index(CLASSES, class) * REASONS.len() + index(REASONS, reason);
         self.evictions[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one container whose memory.high the throttle guard relaxed.
+    pub fn inc_throttle_relaxed(&self, class: &str) {
+        self.throttle_relaxed[index(CLASSES, class)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one throttle-guard eviction; `signal` in [`SIGNALS`].
+    pub fn inc_throttle_eviction(&self, class: &str, signal: &str) {
+        let i = index(CLASSES, class) * SIGNALS.len() + index(SIGNALS, signal);
+        self.throttle_evictions[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Containers under throttle at the guard's last look.
+    pub fn set_throttle_under(&self, n: usize) {
+        self.throttle_under.store(n as u64, Ordering::Relaxed);
     }
 
     /// Whether we currently have a registered session with the runtime.
@@ -372,6 +397,43 @@ impl Metrics {
                 );
             }
         }
+
+        header(
+            o,
+            "nri_qos_throttle_relaxed_total",
+            "counter",
+            "Containers whose memory.high the throttle guard raised to memory.max, by QoS class.",
+        );
+        for (ci, class) in CLASSES.iter().enumerate() {
+            let v = self.throttle_relaxed[ci].load(Ordering::Relaxed);
+            let _ = writeln!(o, "nri_qos_throttle_relaxed_total{{class=\"{class}\"}} {v}");
+        }
+        header(
+            o,
+            "nri_qos_throttle_evictions_total",
+            "counter",
+            "Pods evicted by the throttle guard, by QoS class and the signal that held.",
+        );
+        for (ci, class) in CLASSES.iter().enumerate() {
+            for (si, signal) in SIGNALS.iter().enumerate() {
+                let v = self.throttle_evictions[ci * SIGNALS.len() + si].load(Ordering::Relaxed);
+                let _ = writeln!(
+                    o,
+                    "nri_qos_throttle_evictions_total{{class=\"{class}\",signal=\"{signal}\"}} {v}"
+                );
+            }
+        }
+        header(
+            o,
+            "nri_qos_throttle_containers",
+            "gauge",
+            "Containers under memory.high throttle (a signal above its threshold) at the last look.",
+        );
+        let _ = writeln!(
+            o,
+            "nri_qos_throttle_containers {}",
+            self.throttle_under.load(Ordering::Relaxed)
+        );
 
         header(
             o,

@@ -180,6 +180,26 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
     );
     let json = serde_json::to_value(&report).unwrap();
     assert_eq!(json["drift"], 1);
+
+    // The monitor's throttle guard raised memory.high to memory.max: shown
+    // as relaxed, not drift; any other value there still is drift.
+    let cb = root.join("kubepods/burstable/podb/cb");
+    std::fs::write(cb.join("cpu.max"), "50000 100000").unwrap();
+    let max = std::fs::read_to_string(cb.join("memory.max")).unwrap();
+    for (high, drift) in [(max.as_str(), 0), ("1234", 1)] {
+        std::fs::write(cb.join("memory.high"), high).unwrap();
+        let report = audit::audit(
+            &snap,
+            &NODE,
+            &Default::default(),
+            &HierarchyConfig::default(),
+            &root,
+            Path::new("/nonexistent"),
+        );
+        let table = audit::render_table(&report);
+        assert_eq!(report.drift, drift, "{table}");
+        assert_eq!(table.contains("relaxed by the throttle guard"), drift == 0);
+    }
 }
 
 /// The CI failure of the `memoryqos` VM scenario: with the MemoryQoS gate the

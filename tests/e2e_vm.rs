@@ -15,7 +15,7 @@
 //!
 //! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, overrides the per-version mode),
 //! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,memoryqos,kubelet,pagecache,eviction;
-//! containerd 2.1 adds kubeletqos),
+//! containerd 2.1 adds kubeletqos and throttle),
 //! `NRI_QOS_E2E_TIMING_PODS` (default 1).
 
 use std::io::Write;
@@ -90,7 +90,7 @@ fn e2e_containerd_2_1() {
     run_e2e_with(
         "2.1",
         "prelaunched",
-        &format!("{ALL_SCENARIOS},kubeletqos"),
+        &format!("{ALL_SCENARIOS},kubeletqos,throttle"),
         &["--crictl"],
     );
 }

@@ -204,6 +204,9 @@ fn scrape_parses_as_prometheus_text() {
         ("nri_qos_hook_duration_seconds", "histogram"),
         ("nri_qos_pressure", "gauge"),
         ("nri_qos_evictions_total", "counter"),
+        ("nri_qos_throttle_relaxed_total", "counter"),
+        ("nri_qos_throttle_evictions_total", "counter"),
+        ("nri_qos_throttle_containers", "gauge"),
         ("nri_qos_runtime_connected", "gauge"),
         ("nri_qos_protection_cgroups", "gauge"),
     ];

@@ -8,6 +8,7 @@ pub mod oom_fallback;
 pub mod plugin;
 pub mod proto;
 pub mod reassembly;
+pub mod relax;
 pub mod session;
 
 pub use plugin::{PluginSettings, QosPlugin};

@@ -65,7 +65,8 @@ pub struct PluginSettings {
     /// Where `/proc` is, for the oom_score_adj fallback on old runtimes.
     pub proc_root: PathBuf,
     /// The cgroup v2 mount point: a pod cgroup the kubelet protected before
-    /// the sandbox tells of its Memory QoS where `unified` is hidden.
+    /// the sandbox tells of its Memory QoS where `unified` is hidden, and
+    /// Synchronize leaves a memory.high the throttle guard relaxed alone.
     pub cgroup_root: PathBuf,
 }
 
@@ -499,6 +500,24 @@ impl QosPlugin {
         }
     }
 
+    /// A running container whose memory.high the monitor's throttle guard
+    /// raised keeps it until it restarts or is resized: a plugin restart
+    /// must not throttle it again.
+    fn keep_relaxed_high(&self, c: &api::Container, adjustment: &mut qos::Adjustment) {
+        let Some(want) = adjustment.unified.get("memory.high") else {
+            return;
+        };
+        let cgroups_path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+        let Some(rel) = crate::node::container_cgroup_dir(cgroups_path) else {
+            return;
+        };
+        let dir = self.settings.cgroup_root.join(rel);
+        if crate::pressure::throttle::relaxed_in_tree(&dir, want) {
+            info!(container = %c.id, wanted = %want, "memory.high was relaxed by the throttle guard; leaving it");
+            adjustment.unified.remove("memory.high");
+        }
+    }
+
     fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
         let buf = whole.snapshot;
         let mut skipped = 0usize;
@@ -546,9 +565,11 @@ impl QosPlugin {
             if !self.settings.adjust_existing || self.dry_run() || !running {
                 continue;
             }
+            let mut adjustment = decision.adjustment.clone();
+            self.keep_relaxed_high(c, &mut adjustment);
             // oom_score_adj cannot travel in an update; the runtime applies
             // the rest through UpdateContainerResources.
-            if let Some(u) = convert::update_to_wire(&c.id, &decision.adjustment, true) {
+            if let Some(u) = convert::update_to_wire(&c.id, &adjustment, true) {
                 updates.push(u);
             }
         }

@@ -151,11 +151,15 @@ pub async fn serve(
         return e;
     }
     info!(name = %identity.name, index = %identity.index, "registered with the runtime");
+    // The monitor's throttle guard calls UpdateContainers through this
+    // client (from its own task, never from a handler).
+    super::relax::LINK.set(Some(client.clone()));
     if !configured.await {
         warn!("runtime did not send Configure within the registration timeout");
     }
 
     let reason = (&mut driver.0).await.unwrap_or(MuxError::Closed);
+    super::relax::LINK.set(None);
     // Keep the client alive until here: dropping it closes conn 2.
     drop(client);
     SessionError::Ended(reason)

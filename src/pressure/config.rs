@@ -229,6 +229,10 @@ pub struct MonitorConfig {
     /// Nice value of the monitor thread (-20..=19; 0 leaves it): the node
     /// is short of CPU too while memory runs out.
     pub nice: i32,
+    /// The `[throttle]` table (its own table in the file, not a key of
+    /// `[monitor]`): the per-container memory.high throttle guard.
+    #[serde(skip)]
+    pub throttle: super::throttle::ThrottleConfig,
 }
 
 impl Default for MonitorConfig {
@@ -263,6 +267,7 @@ impl Default for MonitorConfig {
             mrelease: true,
             lock_memory: true,
             nice: -10,
+            throttle: Default::default(),
         }
     }
 }
@@ -278,10 +283,11 @@ impl MonitorConfig {
         }
         let bad = |e: &dyn fmt::Display| MonitorError::Config(format!("{origin}: {e}"));
         let file: File = toml::from_str(text).map_err(|e| bad(&e))?;
-        let cfg: MonitorConfig = match file.monitor {
+        let mut cfg: MonitorConfig = match file.monitor {
             Some(v) => v.try_into().map_err(|e| bad(&e))?,
             None => MonitorConfig::default(),
         };
+        cfg.throttle = super::throttle::ThrottleConfig::from_toml(text, origin)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -346,7 +352,7 @@ impl MonitorConfig {
         if !(-20..=19).contains(&self.nice) {
             return err(format!("nice {} must be in -20..=19", self.nice));
         }
-        Ok(())
+        self.throttle.validate()
     }
 }
 

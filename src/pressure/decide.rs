@@ -235,6 +235,12 @@ impl Decider {
         v
     }
 
+    /// A kill is in flight or cooling down: no other kill may start, for
+    /// any reason (node pressure or the throttle guard).
+    pub fn holding(&self, now: Duration) -> bool {
+        self.in_flight_since.is_some() || self.cooldown_until.is_some_and(|u| now < u)
+    }
+
     /// The recheck right before a kill, on a fresh measurement: is an
     /// eviction still warranted? Does not change state.
     pub fn still_warranted(&self, now: Duration, available: u64, capacity: u64) -> bool {

@@ -34,12 +34,14 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod decide;
+mod guard;
 pub mod measure;
 pub mod protect;
 pub mod psi;
 pub mod rank;
 pub mod registry;
 pub mod stat;
+pub mod throttle;
 pub mod tree;
 mod triggers;
 
@@ -163,7 +165,17 @@ pub struct StepReport {
     pub emptied_after: Option<Duration>,
     /// Pods whose own memory.max explains a PSI wake-up.
     pub limit_bound: Vec<String>,
+    /// Container cgroups whose memory.high the throttle guard relaxed (or
+    /// would, in dry-run) in this step.
+    pub relaxed: Vec<PathBuf>,
     pub next_check: Duration,
+}
+
+/// Why a pod is killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    Node(Reason),
+    Throttle(throttle::Signal),
 }
 
 #[derive(Debug, Clone)]
@@ -218,6 +230,10 @@ pub struct Monitor {
     /// every full step, so a replaced file is picked up.
     meminfo: Option<std::fs::File>,
     meminfo_buf: Vec<u8>,
+    /// The per-container memory.high throttle guard and its cheap filter.
+    guard: throttle::Guard,
+    throttle_filter: throttle::Filter,
+    relaxer: Arc<dyn throttle::Relaxer>,
     /// Evictions through the API server, when it is configured.
     cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
 }
@@ -241,6 +257,7 @@ impl Monitor {
             .map(|t| Duration::from_micros(t.window_us))
             .max()
             .unwrap_or(Duration::from_secs(1));
+        let guard = throttle::Guard::new(cfg.throttle.clone());
         Monitor {
             psi_followup,
             fast_until: None,
@@ -263,8 +280,18 @@ impl Monitor {
             capacity: 0,
             meminfo: None,
             meminfo_buf: Vec::new(),
+            guard,
+            throttle_filter: throttle::Filter::default(),
+            relaxer: Arc::new(throttle::FileRelaxer),
             cluster: None,
         }
+    }
+
+    /// Relaxes memory.high through `relaxer` (the plugin's NRI session)
+    /// instead of writing the cgroup file.
+    pub fn with_relaxer(mut self, relaxer: Arc<dyn throttle::Relaxer>) -> Self {
+        self.relaxer = relaxer;
+        self
     }
 
     /// Also evict through the API server (see [`cluster`]).
@@ -279,6 +306,7 @@ impl Monitor {
     pub fn quick(&mut self, wake: &Wake, now: Duration) -> Option<Duration> {
         let calm = self.victim.is_none()
             && !self.decider.busy()
+            && !self.guard.busy()
             && self.fast_until.is_none_or(|t| now >= t);
         if matches!(wake, Wake::Tick) && calm && now < self.next_full {
             self.quick_check()
@@ -459,6 +487,7 @@ impl Monitor {
             reclaimed: Vec::new(),
             emptied_after: None,
             limit_bound: Vec::new(),
+            relaxed: Vec::new(),
             next_check: self.cfg.pressure_interval.0,
         };
 
@@ -516,6 +545,10 @@ impl Monitor {
             }
         }
 
+        if self.cfg.throttle.enabled && self.victim.is_none() && report.killed.is_none() {
+            self.throttle_pass(wake, now, &mut report);
+        }
+
         if !self.decider.pressure() {
             if !self.lowered_high.is_empty() {
                 self.restore_high();
@@ -526,6 +559,9 @@ impl Monitor {
         if !self.decider.busy() && !following_psi {
             report.next_check = self.calm_interval(&report);
             self.next_full = now + self.cfg.check_interval.0;
+        }
+        if self.guard.busy() {
+            report.next_check = report.next_check.min(self.cfg.throttle.interval.0);
         }
         report
     }
@@ -898,6 +934,31 @@ impl Monitor {
             dry_run = self.cfg.dry_run,
             "killing pod"
         );
+        let tell_api = notice(victim);
+        self.kill(
+            victim.clone(),
+            wake,
+            now,
+            Cause::Node(reason),
+            tell_api,
+            report,
+        );
+    }
+
+    /// The one kill path (node pressure and the throttle guard): dry-run,
+    /// cgroup.kill + process_mrelease, watch the cgroup empty, then the
+    /// decider's in-flight / cooldown. `tell_api`: what the API server
+    /// learns after the kill, when it is configured.
+    fn kill(
+        &mut self,
+        victim: Candidate,
+        wake: &Wake,
+        now: Duration,
+        cause: Cause,
+        tell_api: Option<cluster::EvictionNotice>,
+        report: &mut StepReport,
+    ) {
+        let victim = &victim;
         if self.cfg.dry_run {
             report.would_kill = Some(victim.uid.clone());
             // Behave as if it finished at once, so dry-run logs once per cooldown.
@@ -928,15 +989,20 @@ impl Monitor {
                         .met_since()
                         .map_or(0, |m| now.saturating_sub(m).as_millis() as u64),
                     wake = %wake,
+                    cause = ?cause,
                     "killed pod"
                 );
                 report.killed = Some(victim.uid.clone());
                 // Killed first; the API learns of it in the background.
-                if let (Some(api), Some(n)) = (&self.cluster, notice(victim)) {
+                if let (Some(api), Some(n)) = (&self.cluster, tell_api) {
                     api.evict_after_kill(n);
                 }
                 if let Some(m) = &self.metrics {
-                    m.inc_eviction(&format!("{:?}", victim.class), &format!("{reason:?}"));
+                    let class = format!("{:?}", victim.class);
+                    match cause {
+                        Cause::Node(reason) => m.inc_eviction(&class, &format!("{reason:?}")),
+                        Cause::Throttle(signal) => m.inc_throttle_eviction(&class, signal.label()),
+                    }
                 }
                 self.decider.kill_started(now);
                 // Nothing else may happen while the kill is in flight, so
@@ -998,6 +1064,27 @@ pub async fn run_with_cluster(
     metrics: Option<Arc<crate::metrics::Metrics>>,
     cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
 ) -> Result<(), MonitorError> {
+    run_in_plugin(
+        cfg,
+        paths,
+        pods,
+        metrics,
+        cluster,
+        Arc::new(throttle::FileRelaxer),
+    )
+    .await
+}
+
+/// `run_with_cluster`, relaxing memory.high through `relaxer` (the
+/// plugin's NRI session).
+pub async fn run_in_plugin(
+    cfg: MonitorConfig,
+    paths: Paths,
+    pods: Arc<dyn PodRegistry>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
+    relaxer: Arc<dyn throttle::Relaxer>,
+) -> Result<(), MonitorError> {
     cfg.validate()?;
     if cfg.lock_memory {
         match protect::lock_memory() {
@@ -1008,7 +1095,8 @@ pub async fn run_with_cluster(
                 "not locking the process's memory (needs CAP_IPC_LOCK); under pressure the kernel may page out the monitor's code"),
         }
     }
-    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls));
+    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls))
+        .with_relaxer(relaxer);
     if let Some(m) = metrics {
         monitor = monitor.with_metrics(m);
     }

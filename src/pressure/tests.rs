@@ -761,6 +761,181 @@ fn pressure_evictions_and_psi_reach_the_metrics() {
     );
 }
 
+// ---- The memory.high throttle guard on a fake tree ---------------------
+
+/// Writes a container's throttle files, mirroring its counters into the pod
+/// and the QoS parent (memory.events is hierarchical).
+fn throttle_files(
+    f: &Fake,
+    pod: &Path,
+    counters: (u64, u64),
+    psi: f64,
+    high: &str,
+    max: &str,
+) -> PathBuf {
+    let app = pod.join("app");
+    let events = format!(
+        "low 0\nhigh {}\nmax {}\noom 0\noom_kill 0\n",
+        counters.0, counters.1
+    );
+    for cg in [app.as_path(), pod, pod.parent().unwrap()] {
+        w(&cg.join("memory.events"), &events);
+        f.psi(&cg.join("memory.pressure"), psi, 0.0);
+    }
+    w(&app.join("memory.high"), &format!("{high}\n"));
+    w(&app.join("memory.max"), &format!("{max}\n"));
+    app
+}
+
+fn throttle_monitor(f: &Fake, reg: SharedRegistry) -> (Monitor, Arc<FakeOps>) {
+    let cfg = MonitorConfig {
+        check_interval: "500ms".parse().unwrap(),
+        ..MonitorConfig::default()
+    };
+    monitor(f, cfg, reg)
+}
+
+/// 200 high events/s for 30 s on a Burstable container (236Mi of 256Mi):
+/// memory.high goes to memory.max once, after the grace period; a
+/// Guaranteed pod whose counters move just as much is never touched.
+#[test]
+fn throttle_sustained_high_relaxes_once_through_the_file() {
+    let f = Fake::new(Driver::Systemd);
+    let b = f.pod("b-1", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
+    let g = f.pod("g-1", QosClass::Guaranteed, 100 * MI, 256 * MI, "db");
+    let (mut m, ops) = throttle_monitor(&f, SharedRegistry::default());
+    let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
+    let mut relaxed_at = Vec::new();
+    for i in 0..60u64 {
+        let now = ms(i * 500);
+        // Once relaxed, the file says high == max and the events stop.
+        let app = b.join("app");
+        let cur = fs::read_to_string(app.join("memory.high")).unwrap_or(high.clone());
+        let events = if cur.trim() == max { 2000 } else { i * 100 };
+        throttle_files(&f, &b, (events, 0), 20.0, cur.trim(), &max);
+        throttle_files(&f, &g, (i * 100, 0), 20.0, &max, &max);
+        let r = m.step(&Wake::Tick, now);
+        if !r.relaxed.is_empty() {
+            relaxed_at.push((now, r.relaxed.clone()));
+        }
+        assert!(r.killed.is_none(), "step {i}: {r:?}");
+    }
+    assert_eq!(relaxed_at.len(), 1, "{relaxed_at:?}");
+    let (at, which) = &relaxed_at[0];
+    assert_eq!(which, &vec![b.join("app")]);
+    // First rate after RATE_WINDOW (2 s), then the 10 s grace period.
+    assert!(*at >= ms(10_000) && *at <= ms(12_500), "relaxed at {at:?}");
+    assert_eq!(
+        fs::read_to_string(b.join("app/memory.high"))
+            .unwrap()
+            .trim(),
+        max
+    );
+    assert_eq!(
+        fs::read_to_string(g.join("app/memory.high"))
+            .unwrap()
+            .trim(),
+        max
+    );
+    assert!(ops.killed.lock().unwrap().is_empty());
+    assert!(!killed(&b) && !killed(&g));
+}
+
+/// A transient 5 s burst (shorter than the grace period) and a container
+/// restart (counters back to 0, then climbing slowly) never act.
+#[test]
+fn throttle_transient_spike_and_restart_do_nothing() {
+    let f = Fake::new(Driver::Cgroupfs);
+    let b = f.pod("b-2", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
+    let (mut m, _) = throttle_monitor(&f, SharedRegistry::default());
+    let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
+    let mut n = 0;
+    for i in 0..80u64 {
+        let (burst, psi) = if (4..14).contains(&i) {
+            (500, 30.0)
+        } else {
+            (0, 0.0)
+        };
+        n += burst;
+        if i == 40 {
+            n = 3; // restart: a new cgroup, counters from 0
+        }
+        throttle_files(&f, &b, (n, 0), psi, &high, &max);
+        let r = m.step(&Wake::Tick, ms(i * 500));
+        assert!(
+            r.relaxed.is_empty() && r.killed.is_none(),
+            "step {i}: {r:?}"
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(b.join("app/memory.high")).unwrap(),
+        format!("{high}\n")
+    );
+}
+
+/// Stage 2 without a `high` signal: two pods stalled (PSI only) past the
+/// grace period; the ranking picks the larger usage above request first
+/// (the kubelet's order, as under node pressure), and nothing is relaxed.
+#[test]
+fn throttle_psi_only_evicts_in_ranking_order() {
+    let f = Fake::new(Driver::Systemd);
+    let b = f.pod("b-3", QosClass::Burstable, 300 * MI, 64 * MI, "worker");
+    let e = f.pod("e-3", QosClass::BestEffort, 400 * MI, 0, "batch");
+    let (mut m, _) = throttle_monitor(&f, SharedRegistry::default());
+    let mut killed_at = None;
+    for i in 0..30u64 {
+        let max = (512 * MI).to_string();
+        throttle_files(&f, &b, (0, 0), 40.0, &max, &max);
+        throttle_files(&f, &e, (0, 0), 40.0, &(400 * MI).to_string(), "max");
+        let r = m.step(&Wake::Tick, ms(i * 500));
+        assert!(r.relaxed.is_empty(), "step {i}: {r:?}");
+        if r.killed.is_some() {
+            killed_at = Some((ms(i * 500), r.killed.clone().unwrap()));
+            break;
+        }
+    }
+    let (at, uid) = killed_at.expect("a stalled pod is evicted");
+    assert_eq!(uid, "e-3");
+    assert!(at >= ms(10_000), "{at:?}");
+    assert!(killed(&e) && !killed(&b));
+}
+
+/// Critical pods are never throttle victims; dry-run relaxes nothing.
+#[test]
+fn throttle_never_critical_and_dry_run_writes_nothing() {
+    let f = Fake::new(Driver::Systemd);
+    let reg = SharedRegistry::default();
+    reg.upsert(info("c-4", "kube-system", None));
+    let c = f.pod("c-4", QosClass::Burstable, 300 * MI, 64 * MI, "dns");
+    let (mut m, _) = throttle_monitor(&f, reg);
+    let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
+    for i in 0..60u64 {
+        throttle_files(&f, &c, (0, i * 100), 40.0, &max, &max);
+        let r = m.step(&Wake::Tick, ms(i * 500));
+        assert!(r.killed.is_none(), "step {i}: {r:?}");
+    }
+    assert!(!killed(&c));
+
+    let f = Fake::new(Driver::Systemd);
+    let b = f.pod("b-4", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
+    let mut cfg = MonitorConfig {
+        check_interval: "500ms".parse().unwrap(),
+        ..MonitorConfig::default()
+    };
+    cfg.throttle.dry_run = true;
+    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    let mut would = 0;
+    for i in 0..30u64 {
+        throttle_files(&f, &b, (i * 100, 0), 5.0, &high, &max);
+        would += m.step(&Wake::Tick, ms(i * 500)).relaxed.len();
+    }
+    assert_eq!(would, 1);
+    assert_eq!(
+        fs::read_to_string(b.join("app/memory.high")).unwrap(),
+        format!("{high}\n")
+    );
+}
+
 /// The API server's answers, scripted per pod; records what was asked.
 #[derive(Default)]
 struct FakeCluster {

@@ -165,6 +165,10 @@ pub struct ContainerReport {
     pub memory_high: Value,
     /// Bytes, or "max".
     pub memory_max: Value,
+    /// A finite memory.high below memory.max: where the monitor runs, its
+    /// throttle guard watches this container (`[throttle]`) and raises
+    /// memory.high to memory.max when it stays throttled.
+    pub throttle_guard: bool,
     pub oom_score_adj: i64,
     /// The memory request the policy worked with, and where it came from.
     pub memory_request: Option<u64>,
@@ -550,6 +554,12 @@ pub fn explain_with(
             memory_low: low,
             memory_high: bytes_or_max(unified("memory.high")),
             memory_max: bytes_or_max(eff.memory_limit.and_then(|l| u64::try_from(l).ok())),
+            throttle_guard: class != QosClass::Guaranteed
+                && unified("memory.high").is_some_and(|h| {
+                    eff.memory_limit
+                        .and_then(|l| u64::try_from(l).ok())
+                        .is_none_or(|max| h < max)
+                }),
             oom_score_adj: d.adjustment.oom_score_adj.unwrap_or(oom),
             memory_request: d.memory_request,
             memory_request_source: d.request_source,
@@ -756,6 +766,20 @@ pub fn render_table(r: &PodReport) -> String {
             "-".into()
         },
     ]);
+    let guarded: Vec<&str> = r
+        .containers
+        .iter()
+        .filter(|c| c.throttle_guard)
+        .map(|c| c.name.as_str())
+        .collect();
+    let footer = (!guarded.is_empty()).then(|| {
+        format!(
+            "\nthrottle guard ({}): where the monitor runs, a container that stays throttled at its memory.high \
+             past [throttle] grace-period gets memory.high = memory.max; if the stall persists, its pod is evicted \
+             in the node-pressure order.\n",
+            guarded.join(", ")
+        )
+    });
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|row| row[i].len()).max().unwrap_or(0))
         .collect();
@@ -768,6 +792,7 @@ pub fn render_table(r: &PodReport) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    out.push_str(footer.as_deref().unwrap_or(""));
     if r.containers.iter().any(|c| !c.kubelet_unified.is_empty()) {
         out.push_str("\nThe last column is what the kubelet's Memory QoS sets; nri-qos adds the other cpu.weight and memory values and any oom_score_adj change.\n");
     }
@@ -800,6 +825,7 @@ mod tests {
         assert_eq!(c.cpu_max, "100000 100000");
         assert_eq!(c.memory_min, 1 << 30);
         assert_eq!(c.memory_high, json!("max"));
+        assert!(!c.throttle_guard);
         assert_eq!(c.memory_max, json!(1u64 << 30));
         assert_eq!(c.oom_score_adj, -997);
         assert_eq!(c.cgroup_path, "/kubepods/podabc/<container-id>");
@@ -879,6 +905,8 @@ mod tests {
         assert_eq!(c.oom_score_adj, 1000);
         assert_eq!(c.memory_high, json!(14_495_514_624u64));
         assert_eq!(c.cpu_weight, 1);
+        assert!(c.throttle_guard);
+        assert!(render_table(&r).contains("throttle guard (app)"));
     }
 
     #[test]

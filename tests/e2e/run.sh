@@ -10,6 +10,8 @@
 #                                           with it, alternating rounds, one VM)
 #                    [--pressure-bench]    (no runtime: tests/e2e/pressure/run.sh
 #                                           measures `nri-qos monitor`)
+#                    [--throttle-bench]    (no runtime: tests/e2e/pressure/throttle.sh
+#                                           measures the memory.high throttle guard)
 #
 # Exit status: 0 when every E2E-CHECK passed on every VM, non-zero otherwise.
 set -euo pipefail
@@ -29,10 +31,11 @@ scenarios=(basic memoryqos kubelet pagecache eviction)
 plugin=none
 timing_pods=3
 pressure_bench=0
+throttle_bench=0
 crictl=0
 
 usage() {
-    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -64,6 +67,11 @@ while [ $# -gt 0 ]; do
         export E2E_OVERHEAD_PODS="${2:?}"
         shift 2 ;;
     --pressure-bench)
+        pressure_bench=1
+        scenarios=()
+        shift ;;
+    --throttle-bench)
+        throttle_bench=1
         pressure_bench=1
         scenarios=()
         shift ;;
@@ -358,6 +366,7 @@ build_initramfs() {
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
     cp "$WORK/memhog" "$r/e2e/bin/memhog"
     cp "$HERE/pressure/run.sh" "$r/e2e/pressure.sh"
+    cp "$HERE/pressure/throttle.sh" "$r/e2e/throttle.sh"
     cp "$CACHE/loop.ko" "$r/e2e/loop.ko"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
     cp -r "$HERE/scenarios/pods" "$r/e2e/scenarios/"
@@ -381,6 +390,7 @@ build_initramfs() {
         echo "E2E_TIMING_PODS=$timing_pods"
         echo "E2E_VERBOSE=${E2E_VERBOSE:-0}"
         echo "E2E_PRESSURE_BENCH=$pressure_bench"
+        echo "E2E_THROTTLE_BENCH=$throttle_bench"
         echo "E2E_BENCH_RUNS=${E2E_BENCH_RUNS:-10}"
         echo "E2E_BENCH_IDLE_S=${E2E_BENCH_IDLE_S:-60}"
         echo "E2E_BENCH_RATE=${E2E_BENCH_RATE:-256}"

@@ -66,6 +66,10 @@ pub struct MemoryCheck {
     /// memory.events `low` at most this (reclaim below memory.low)
     #[serde(default)]
     pub max_low_events: Option<u64>,
+    /// memory.high is exactly this ("max" or bytes): e.g. raised to
+    /// memory.max by the throttle guard, or left alone
+    #[serde(default)]
+    pub memory_high: Option<String>,
 }
 
 /// /proc/vmstat `oom_kill`: kernel OOM kills since boot.
@@ -344,6 +348,18 @@ impl Context<'_> {
                     &format!("{key}.reclaimed"),
                     current <= max,
                     &format!("{detail}; may keep <= {max}"),
+                );
+            }
+            if let Some(high) = &want.memory_high {
+                let got = read_trim(&dir.join("memory.high"));
+                ok &= check(
+                    &format!("{key}.memory_high"),
+                    got == *high,
+                    &format!(
+                        "memory.high {got} (want {high}), memory.max {}, memory.events high {}",
+                        read_trim(&dir.join("memory.max")),
+                        ev.get("high").copied().unwrap_or(0)
+                    ),
                 );
             }
             if let Some(max) = want.max_low_events {

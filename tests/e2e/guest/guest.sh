@@ -40,6 +40,21 @@ check vm.cgroup2 "$([ -f /sys/fs/cgroup/cgroup.subtree_control ] && echo PASS ||
 check vm.psi "$([ -f /sys/fs/cgroup/memory.pressure ] || [ -f /proc/pressure/memory ] && echo PASS || echo FAIL)" ""
 info "MemTotal $(awk '/MemTotal/ {print $2}' /proc/meminfo) kB"
 
+if [ "${E2E_THROTTLE_BENCH:-0}" = 1 ]; then
+    # The monitor's memory.high throttle guard on hand-made pod cgroups.
+    info "throttle bench"
+    if NRI_QOS=/e2e/bin/nri-qos MEMHOG=/e2e/bin/memhog sh /e2e/throttle.sh /tmp/throttle 2>/tmp/throttle.err; then
+        check throttle.bench PASS ""
+    else
+        check throttle.bench FAIL "$(tail -n 3 /tmp/throttle.err | tr '\n' ' ')"
+    fi
+    sed 's/^/E2E-INFO /' /tmp/throttle.err
+    for f in /tmp/throttle/summary.txt /tmp/throttle/*.log; do
+        [ -f "$f" ] && sed "s#^#E2E-RAW ${f##*/} #" "$f"
+    done
+    finish 0
+fi
+
 if [ "${E2E_PRESSURE_BENCH:-0}" = 1 ]; then
     # `nri-qos monitor` alone on hand-made pod cgroups (no runtime in the
     # timing): raw results go to the console, the host computes the figures.
@@ -244,7 +259,7 @@ esac
 # decision, kill and emptied cgroup.
 monitor_actions() {
     [ -f /var/log/nri-qos.log ] || return 0
-    tail -n +"$1" /var/log/nri-qos.log | grep -E 'memory pressure decision|memory.reclaim|killing pod|killed pod|cgroup is empty|recheck' |
+    tail -n +"$1" /var/log/nri-qos.log | grep -E 'memory pressure decision|memory.reclaim|killing pod|killed pod|cgroup is empty|recheck|throttle|memory.high relaxed|unified map' |
         sed -e 's/\x1b\[[0-9;]*m//g' -e 's/^/E2E-INFO monitor: /' | cut -c1-400
 }
 

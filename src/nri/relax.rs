@@ -1,0 +1,185 @@
+//! Relaxing a container's memory.high for the monitor's throttle guard
+//! through the runtime (`Runtime/UpdateContainers` on the session's conn 2),
+//! so the runtime's own record of the container agrees with the kernel.
+//!
+//! Never from inside an NRI handler (the runtime holds its lock while it
+//! waits for our reply, and our call would wait for that lock): the monitor
+//! thread queues a request and returns; a task of ours makes the call.
+//! A runtime may accept the update and not apply its unified map (issue 15
+//! expected it of NRI v0.6; containerd 1.7.24 and 2.1.9 both applied it in
+//! the VM), so after every call the file is read back; where the value did
+//! not arrive, the task writes the cgroup file and says so once.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use protobuf::MessageField;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::proto::{api, api_ttrpc::RuntimeClient};
+use crate::pressure::act;
+use crate::pressure::throttle::{high_value, FileRelaxer, Relaxer, Sample};
+
+/// Bound on queued relax requests (bounded memory; a relax is rare).
+const QUEUE: usize = 64;
+/// How long one UpdateContainers call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The Runtime-service client of the current session, if one is registered.
+/// The session sets it after RegisterPlugin and clears it when it ends.
+#[derive(Default)]
+pub struct RuntimeLink {
+    client: Mutex<Option<RuntimeClient>>,
+}
+
+/// The process's one link (one session at a time).
+pub static LINK: RuntimeLink = RuntimeLink {
+    client: Mutex::new(None),
+};
+
+impl RuntimeLink {
+    pub fn set(&self, client: Option<RuntimeClient>) {
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
+    }
+
+    fn get(&self) -> Option<RuntimeClient> {
+        self.client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn connected(&self) -> bool {
+        self.client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+}
+
+/// One relax to carry out.
+#[derive(Debug, Clone)]
+struct Request {
+    container_id: String,
+    cgroup: PathBuf,
+    value: String,
+}
+
+/// The [`Relaxer`] the plugin gives its monitor.
+pub struct NriRelaxer {
+    tx: mpsc::Sender<Request>,
+}
+
+impl Relaxer for NriRelaxer {
+    fn relax(&self, s: &Sample) -> Result<&'static str, String> {
+        if !LINK.connected() {
+            return FileRelaxer.relax(s).map(|_| "cgroup-file (no NRI session)");
+        }
+        let req = Request {
+            container_id: s.id.clone(),
+            cgroup: s.path.clone(),
+            value: high_value(s.relax_value()),
+        };
+        self.tx
+            .try_send(req)
+            .map(|()| "nri-update-containers")
+            .map_err(|e| format!("relax queue: {e}"))
+    }
+}
+
+/// The relaxer and the task that serves it (spawn it on the plugin's runtime).
+pub fn relaxer() -> (NriRelaxer, impl std::future::Future<Output = ()>) {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    (NriRelaxer { tx }, serve(rx))
+}
+
+/// The update: only `unified["memory.high"]`; every other field unset, so
+/// the runtime leaves it as it is.
+fn update_for(r: &Request) -> api::UpdateContainersRequest {
+    let mut resources = api::LinuxResources::new();
+    resources
+        .unified
+        .insert("memory.high".into(), r.value.clone());
+    let mut linux = api::LinuxContainerUpdate::new();
+    linux.resources = MessageField::some(resources);
+    let mut u = api::ContainerUpdate::new();
+    u.container_id = r.container_id.clone();
+    u.linux = MessageField::some(linux);
+    let mut req = api::UpdateContainersRequest::new();
+    req.update.push(u);
+    req
+}
+
+fn arrived(r: &Request) -> bool {
+    std::fs::read_to_string(r.cgroup.join("memory.high")).is_ok_and(|v| v.trim() == r.value)
+}
+
+async fn serve(mut rx: mpsc::Receiver<Request>) {
+    let dropped_noted = AtomicBool::new(false);
+    while let Some(r) = rx.recv().await {
+        let outcome = match LINK.get() {
+            Some(client) => {
+                let ctx = ttrpc::context::with_timeout(CALL_TIMEOUT.as_nanos() as i64);
+                match client.update_containers(ctx, &update_for(&r)).await {
+                    Ok(resp) if resp.failed.is_empty() => Ok(()),
+                    Ok(_) => Err("the runtime reported the update as failed".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            None => Err("no NRI session".to_string()),
+        };
+        match outcome {
+            Ok(()) if arrived(&r) => {
+                info!(container = %r.container_id, memory_high = %r.value, "memory.high relaxed through UpdateContainers")
+            }
+            Ok(()) => {
+                if !dropped_noted.swap(true, Ordering::Relaxed) {
+                    warn!(container = %r.container_id,
+                        "the runtime accepted UpdateContainers but did not apply its unified map; \
+                         relaxing memory.high by writing the cgroup file, here and from now on");
+                }
+                write(&r);
+            }
+            Err(e) => {
+                warn!(container = %r.container_id, error = %e, "UpdateContainers failed; writing memory.high directly");
+                write(&r);
+            }
+        }
+    }
+}
+
+fn write(r: &Request) {
+    match act::write_file(&r.cgroup.join("memory.high"), &r.value) {
+        Ok(()) => {
+            info!(container = %r.container_id, memory_high = %r.value, "memory.high relaxed in the cgroup file")
+        }
+        Err(e) => warn!(container = %r.container_id, error = %e, "cannot relax memory.high"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn throttle_update_carries_only_memory_high() {
+        let r = Request {
+            container_id: "abc".into(),
+            cgroup: PathBuf::from("/nowhere"),
+            value: "268435456".into(),
+        };
+        let req = update_for(&r);
+        assert_eq!(req.update.len(), 1);
+        let u = &req.update[0];
+        assert_eq!(u.container_id, "abc");
+        assert!(!u.ignore_failure);
+        let res = u.linux.resources.as_ref().unwrap();
+        assert_eq!(res.unified.len(), 1);
+        assert_eq!(res.unified["memory.high"], "268435456");
+        assert!(res.memory.is_none() && res.cpu.is_none());
+        assert!(!arrived(&r));
+    }
+}

@@ -1,0 +1,974 @@
+//! The memory.high throttle guard (issue 15).
+//!
+//! A container whose anonymous memory sits between memory.high and
+//! memory.max on a node without swap is throttled on every allocation and
+//! never OOM-killed: the kernel leaves that failure mode to userspace. We put
+//! memory.high on Burstable and BestEffort containers, so we watch it:
+//!
+//! - signals per container cgroup: the rates of `memory.events` `high` and
+//!   `max` (delta / elapsed; a counter that goes down or a new container id
+//!   starts a new baseline) and `memory.pressure` `some avg10`;
+//! - a container is under throttle while any signal is above its threshold;
+//!   the timer restarts only when all are below;
+//! - stage 1: `high` active past the grace period ⇒ raise memory.high to
+//!   memory.max (`max` without a limit), once;
+//! - stage 2: still under throttle a grace period after relaxing (plus the
+//!   time PSI avg10 needs to decay), or past grace without `high` at all ⇒
+//!   the pod is an eviction candidate, ranked like node pressure.
+//!
+//! Guaranteed pods are never read. Reading is cheap: the QoS parents'
+//! hierarchical `memory.events` and `memory.pressure` are read first and a
+//! class is descended into only when they moved (see [`sample`]).
+//!
+//! The state machine ([`Guard`]) is pure: samples and time come in as
+//! arguments.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::config::HumanDuration;
+use super::{psi, stat, tree, MonitorError};
+use crate::qos::QosClass;
+
+/// PSI avg10 is a 10 s exponential average: after relaxing, the stall it
+/// reports decays over about this long even when throttling stopped at once.
+pub const PSI_SETTLE: Duration = Duration::from_secs(10);
+
+/// Event rates are taken over at least this long (see [`Guard::observe`]).
+/// Two seconds: the longest penalty sleep the kernel puts a task over its
+/// memory.high into (5.9+), so every window of a throttled allocator
+/// holds some events.
+pub const RATE_WINDOW: Duration = Duration::from_secs(2);
+
+/// Bound on tracked containers (bounded memory on a weird host).
+const MAX_TRACKED: usize = 8192;
+
+/// The `[throttle]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct ThrottleConfig {
+    /// Watch containers' memory.high throttling at all.
+    pub enabled: bool,
+    /// Log the decisions, change nothing (the monitor's dry-run also applies).
+    pub dry_run: bool,
+    /// `memory.events` `high` per second above which the signal is active.
+    pub high_rate: f64,
+    /// `memory.events` `max` per second above which the signal is active.
+    pub max_rate: f64,
+    /// `memory.pressure` `some avg10` (percent) above which it is active.
+    pub psi_some_avg10: f64,
+    /// How long a container must stay under throttle before we act.
+    pub grace_period: HumanDuration,
+    /// While any container is under throttle, look this often.
+    pub interval: HumanDuration,
+}
+
+impl Default for ThrottleConfig {
+    fn default() -> Self {
+        ThrottleConfig {
+            enabled: true,
+            dry_run: false,
+            high_rate: 50.0,
+            max_rate: 50.0,
+            psi_some_avg10: 10.0,
+            grace_period: HumanDuration(Duration::from_secs(10)),
+            interval: HumanDuration(Duration::from_millis(500)),
+        }
+    }
+}
+
+impl ThrottleConfig {
+    /// Rejects values that would make the guard misbehave, naming the key.
+    pub fn validate(&self) -> Result<(), MonitorError> {
+        let err = |m: String| Err(MonitorError::Config(m));
+        for (key, v) in [("high-rate", self.high_rate), ("max-rate", self.max_rate)] {
+            if !v.is_finite() || v <= 0.0 {
+                return err(format!(
+                    "throttle.{key} {v} must be a number of events per second > 0"
+                ));
+            }
+        }
+        let p = self.psi_some_avg10;
+        if !p.is_finite() || !(0.0..100.0).contains(&p) || p == 0.0 {
+            return err(format!(
+                "throttle.psi-some-avg10 {p} must be a percentage in (0, 100)"
+            ));
+        }
+        if self.grace_period.0.is_zero() {
+            return err("throttle.grace-period must be > 0".into());
+        }
+        if self.interval.0.is_zero() || self.interval.0 > self.grace_period.0 {
+            return err(format!(
+                "throttle.interval {} must be > 0 and at most grace-period {}",
+                self.interval, self.grace_period
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads the `[throttle]` table of a TOML document (other tables ignored).
+    pub fn from_toml(text: &str, origin: &str) -> Result<Self, MonitorError> {
+        #[derive(Deserialize)]
+        struct File {
+            #[serde(default)]
+            throttle: Option<toml::Value>,
+        }
+        let bad = |e: &dyn std::fmt::Display| MonitorError::Config(format!("{origin}: {e}"));
+        let file: File = toml::from_str(text).map_err(|e| bad(&e))?;
+        let cfg: ThrottleConfig = match file.throttle {
+            Some(v) => v.try_into().map_err(|e| bad(&format!("[throttle] {e}")))?,
+            None => ThrottleConfig::default(),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// `memory.events` counters of one cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counters {
+    pub high: u64,
+    pub max: u64,
+}
+
+/// The three signals of one container at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Signals {
+    /// `high` events per second since the previous sample.
+    pub high_rate: f64,
+    pub max_rate: f64,
+    /// `some avg10`, percent.
+    pub psi_some_avg10: f64,
+}
+
+/// Which signal made a decision; a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    High,
+    Max,
+    Psi,
+}
+
+impl Signal {
+    pub fn label(self) -> &'static str {
+        match self {
+            Signal::High => "high",
+            Signal::Max => "max",
+            Signal::Psi => "psi",
+        }
+    }
+}
+
+impl Signals {
+    fn active(&self, cfg: &ThrottleConfig) -> (bool, bool, bool) {
+        (
+            self.high_rate > cfg.high_rate,
+            self.max_rate > cfg.max_rate,
+            self.psi_some_avg10 > cfg.psi_some_avg10,
+        )
+    }
+
+    /// The signal named with an eviction: PSI (the stall) first, then max,
+    /// then high.
+    fn strongest(&self, cfg: &ThrottleConfig) -> Option<Signal> {
+        match self.active(cfg) {
+            (_, _, true) => Some(Signal::Psi),
+            (_, true, _) => Some(Signal::Max),
+            (true, _, _) => Some(Signal::High),
+            _ => None,
+        }
+    }
+}
+
+/// One container cgroup as read at one moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// Container cgroup directory (the tracking key).
+    pub path: PathBuf,
+    /// Container id (from the cgroup name); a new id resets the baseline.
+    pub id: String,
+    pub pod_uid: String,
+    pub pod_path: PathBuf,
+    pub class: QosClass,
+    pub counters: Counters,
+    pub psi_some_avg10: f64,
+    /// memory.high; `None` = "max".
+    pub high: Option<u64>,
+    /// memory.max; `None` = "max".
+    pub max: Option<u64>,
+}
+
+impl Sample {
+    /// memory.high already as loose as it gets: equal to memory.max, or
+    /// `max` without a limit. What a relax leaves behind, so the relaxed
+    /// state is derived from the tree and survives a restart.
+    pub fn relaxed(&self) -> bool {
+        self.high == self.max || self.high.is_none()
+    }
+
+    /// The value a relax writes: memory.max, or "max".
+    pub fn relax_value(&self) -> Option<u64> {
+        self.max
+    }
+}
+
+/// What the guard wants done with one container.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Decision {
+    /// No signal above its threshold.
+    Calm,
+    /// Under throttle, within the grace period.
+    Throttled { for_: Duration },
+    /// Relaxed a moment ago: signals are given PSI_SETTLE to fall.
+    Settling,
+    /// Stage 1: raise memory.high to memory.max.
+    Relax,
+    /// Stage 2: the pod is an eviction candidate.
+    Evict { signal: Signal },
+}
+
+#[derive(Debug, Clone)]
+struct Track {
+    id: String,
+    last: Option<(Duration, Counters)>,
+    signals: Signals,
+    under_since: Option<Duration>,
+    /// We relaxed it (or tried to): never again for this container id.
+    relax_done: bool,
+    /// No stage 2 before this (PSI avg10 decays after a relax).
+    settle_until: Option<Duration>,
+    /// Only a baseline so far: look again soon for a rate.
+    pending: bool,
+}
+
+impl Track {
+    /// Needs a look at the guard's interval rather than the calm one.
+    fn busy(&self) -> bool {
+        self.pending || self.under_since.is_some() || self.settle_until.is_some()
+    }
+
+    fn new(id: &str) -> Self {
+        Track {
+            id: id.to_string(),
+            last: None,
+            signals: Signals::default(),
+            under_since: None,
+            relax_done: false,
+            settle_until: None,
+            pending: true,
+        }
+    }
+}
+
+/// Per-container throttle state.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    cfg: ThrottleConfig,
+    tracks: HashMap<PathBuf, Track>,
+}
+
+/// Rate of a counter between two reads; a counter that went down (a new
+/// cgroup under the same path) yields `None`.
+pub fn rate(before: u64, after: u64, elapsed: Duration) -> Option<f64> {
+    let delta = after.checked_sub(before)?;
+    let secs = elapsed.as_secs_f64();
+    Some(if secs > 0.0 { delta as f64 / secs } else { 0.0 })
+}
+
+impl Guard {
+    pub fn new(cfg: ThrottleConfig) -> Self {
+        Guard {
+            cfg,
+            tracks: HashMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &ThrottleConfig {
+        &self.cfg
+    }
+
+    /// Containers under throttle now (the gauge).
+    pub fn under_throttle(&self) -> usize {
+        self.tracks
+            .values()
+            .filter(|t| t.under_since.is_some())
+            .count()
+    }
+
+    /// True while some container needs watching at the guard's interval.
+    pub fn busy(&self) -> bool {
+        self.tracks.values().any(Track::busy)
+    }
+
+    /// The signals last computed for a container.
+    pub fn signals(&self, path: &Path) -> Option<Signals> {
+        self.tracks.get(path).map(|t| t.signals)
+    }
+
+    /// Feeds one sample and returns what to do. Guaranteed is never acted on.
+    pub fn observe(&mut self, now: Duration, s: &Sample) -> Decision {
+        if s.class == QosClass::Guaranteed {
+            return Decision::Calm;
+        }
+        if !self.tracks.contains_key(&s.path) && self.tracks.len() >= MAX_TRACKED {
+            return Decision::Calm;
+        }
+        let t = self
+            .tracks
+            .entry(s.path.clone())
+            .or_insert_with(|| Track::new(&s.id));
+        if t.id != s.id {
+            // The container restarted under the same cgroup name: new baseline.
+            *t = Track::new(&s.id);
+        }
+        let reset = t
+            .last
+            .is_some_and(|(_, c)| s.counters.high < c.high || s.counters.max < c.max);
+        match t.last {
+            // A counter went down: a new cgroup under this name. New baseline,
+            // and its throttle history is gone too.
+            Some(_) if reset => {
+                *t = Track::new(&s.id);
+                t.last = Some((now, s.counters));
+            }
+            None => t.last = Some((now, s.counters)),
+            // Rates over at least RATE_WINDOW: a throttled allocator sleeps
+            // in the kernel's penalty for up to 2 s between bursts of events,
+            // and a shorter window would see "no events" in that gap and
+            // restart the grace period (seen in the VM with 0.5 s windows).
+            Some((at, c)) if now.saturating_sub(at) >= RATE_WINDOW => {
+                let dt = now.saturating_sub(at);
+                t.signals.high_rate = rate(c.high, s.counters.high, dt).unwrap_or(0.0);
+                t.signals.max_rate = rate(c.max, s.counters.max, dt).unwrap_or(0.0);
+                t.last = Some((now, s.counters));
+                t.pending = false;
+            }
+            Some(_) => {}
+        }
+        if t.pending {
+            // No rate yet (a new baseline starts with no history).
+            t.signals.high_rate = 0.0;
+            t.signals.max_rate = 0.0;
+        }
+        t.signals.psi_some_avg10 = s.psi_some_avg10;
+        // After a relax, PSI alone no longer counts: avg10 lags, and in the
+        // VM a relaxed allocator still showed some avg10 ~17 % with no high
+        // or max events. A relaxed container is evicted only if it still
+        // hits a limit.
+        let psi_counts = !(t.relax_done || (s.high.is_some() && s.high == s.max));
+        decide(&self.cfg, t, now, s.relaxed(), psi_counts)
+    }
+
+    /// A container that was not read this pass because its QoS parent's or
+    /// pod's counters did not move and their PSI is below threshold: every
+    /// signal is below. A calm one is forgotten (tracks exist only while
+    /// there is something to watch; the next look starts a new baseline and
+    /// comes back at the guard's interval for the rate), except one we
+    /// relaxed: relaxing stays once per container.
+    pub fn quiet(&mut self, now: Duration, path: &Path) {
+        let Some(t) = self.tracks.get_mut(path) else {
+            return;
+        };
+        t.signals = Signals::default();
+        t.under_since = None;
+        t.pending = false;
+        if t.settle_until.is_some_and(|u| now >= u) {
+            t.settle_until = None;
+        }
+        if let Some((_, c)) = t.last {
+            t.last = Some((now, c));
+        }
+        if !t.busy() && !t.relax_done {
+            self.tracks.remove(path);
+        }
+    }
+
+    /// Whether any tracked container below `cg` needs watching.
+    pub fn busy_under(&self, cg: &Path) -> bool {
+        self.tracks
+            .iter()
+            .any(|(p, t)| t.busy() && p.starts_with(cg))
+    }
+
+    pub fn is_tracked(&self, path: &Path) -> bool {
+        self.tracks.contains_key(path)
+    }
+
+    /// Tracked container paths (for the monitor's quiet/prune pass).
+    pub fn tracked(&self) -> Vec<PathBuf> {
+        self.tracks.keys().cloned().collect()
+    }
+
+    /// Forgets containers whose cgroup is gone.
+    pub fn forget(&mut self, path: &Path) {
+        self.tracks.remove(path);
+    }
+}
+
+/// The pure grace / stage logic of one track.
+fn decide(
+    cfg: &ThrottleConfig,
+    t: &mut Track,
+    now: Duration,
+    relaxed: bool,
+    psi_counts: bool,
+) -> Decision {
+    let mut signals = t.signals;
+    if !psi_counts {
+        signals.psi_some_avg10 = 0.0;
+    }
+    let (high, max, psi) = signals.active(cfg);
+    let active = high || max || psi;
+    if let Some(until) = t.settle_until {
+        if now < until {
+            // Just relaxed: the signals get time to fall before a new grace.
+            t.under_since = None;
+            return if active {
+                Decision::Settling
+            } else {
+                Decision::Calm
+            };
+        }
+        t.settle_until = None;
+    }
+    if !active {
+        t.under_since = None;
+        return Decision::Calm;
+    }
+    let since = *t.under_since.get_or_insert(now);
+    let held = now.saturating_sub(since);
+    if held < cfg.grace_period.0 {
+        return Decision::Throttled { for_: held };
+    }
+    if high && !relaxed && !t.relax_done {
+        // Exactly once per container id, whether the write works or not.
+        t.relax_done = true;
+        t.under_since = None;
+        t.settle_until = Some(now + PSI_SETTLE);
+        return Decision::Relax;
+    }
+    match signals.strongest(cfg) {
+        Some(signal) => Decision::Evict { signal },
+        None => Decision::Calm,
+    }
+}
+
+/// Container id from a container cgroup name: `cri-containerd-<id>.scope`,
+/// `crio-<id>.scope`, `docker-<id>.scope` (systemd) or `<id>` (cgroupfs).
+pub fn container_id(name: &str) -> &str {
+    let base = name.strip_suffix(".scope").unwrap_or(name);
+    base.rsplit('-').next().unwrap_or(base)
+}
+
+/// The cgroup of a QoS class's parent, where Burstable and BestEffort pods
+/// live. Guaranteed pods sit directly under kubepods and are never read.
+pub fn qos_parent(kubepods: &Path, driver: tree::Driver, class: QosClass) -> Option<PathBuf> {
+    let name = match (driver, class) {
+        (_, QosClass::Guaranteed) => return None,
+        (tree::Driver::Cgroupfs, QosClass::Burstable) => "burstable",
+        (tree::Driver::Cgroupfs, QosClass::BestEffort) => "besteffort",
+        (tree::Driver::Systemd, QosClass::Burstable) => "kubepods-burstable.slice",
+        (tree::Driver::Systemd, QosClass::BestEffort) => "kubepods-besteffort.slice",
+    };
+    Some(kubepods.join(name))
+}
+
+/// `high` and `max` of a cgroup's `memory.events` (hierarchical: a pod's or
+/// QoS parent's counters move whenever any container below them hits its
+/// memory.high or memory.max).
+pub fn read_counters(cg: &Path) -> Option<Counters> {
+    let m = stat::read_flat_keyed(&cg.join("memory.events")).ok()?;
+    Some(Counters {
+        high: m.get("high").copied().unwrap_or(0),
+        max: m.get("max").copied().unwrap_or(0),
+    })
+}
+
+/// `some avg10` of a cgroup's memory.pressure; 0 when unreadable.
+pub fn read_psi(cg: &Path) -> f64 {
+    psi::read(&cg.join("memory.pressure")).map_or(0.0, |p| p.some.avg10)
+}
+
+/// One container cgroup read in full, or `None` when it is not worth
+/// watching: no finite memory.high below memory.max, not relaxed by us (the
+/// guard knows), or unreadable (gone).
+pub fn read_container(
+    cg: &Path,
+    pod_uid: &str,
+    pod_path: &Path,
+    class: QosClass,
+) -> Option<Sample> {
+    let name = cg.file_name()?.to_str()?;
+    let high = stat::read_single(&cg.join("memory.high")).ok()?;
+    let max = stat::read_single(&cg.join("memory.max")).ok()?;
+    Some(Sample {
+        path: cg.to_path_buf(),
+        id: container_id(name).to_string(),
+        pod_uid: pod_uid.to_string(),
+        pod_path: pod_path.to_path_buf(),
+        class,
+        counters: read_counters(cg)?,
+        psi_some_avg10: read_psi(cg),
+        high,
+        max,
+    })
+}
+
+/// A container the guard relaxed, judged from the tree alone (so it holds
+/// across a restart of the plugin): its memory.high (`high`, as in the
+/// file) is its memory.max or `max`, while the policy wants `wanted`, a
+/// lower value. The policy leaves it so until the container restarts or is
+/// resized, and `audit` shows it instead of reporting drift.
+pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
+    let (wanted, high, max) = (wanted.trim(), high.trim(), max.trim());
+    wanted != high && wanted != "max" && (high == max || high == "max")
+}
+
+/// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
+pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    match (read("memory.high"), read("memory.max")) {
+        (Some(high), Some(max)) => is_relaxed(wanted, &high, &max),
+        _ => false,
+    }
+}
+
+/// memory.high as written to the file: bytes, or "max".
+pub fn high_value(v: Option<u64>) -> String {
+    v.map_or_else(|| "max".to_string(), |b| b.to_string())
+}
+
+/// How a relax reaches the kernel. The monitor calls it from its own
+/// thread, never from an NRI handler; it must not block for long.
+pub trait Relaxer: Send + Sync {
+    /// Raises the container's memory.high to [`Sample::relax_value`].
+    /// Returns the route taken, for the decision's log line.
+    fn relax(&self, s: &Sample) -> Result<&'static str, String>;
+}
+
+/// Writes memory.high of the container cgroup: the monitor alone (no NRI
+/// session to tell the runtime through).
+#[derive(Debug, Default)]
+pub struct FileRelaxer;
+
+impl Relaxer for FileRelaxer {
+    fn relax(&self, s: &Sample) -> Result<&'static str, String> {
+        super::act::write_file(&s.path.join("memory.high"), &high_value(s.relax_value()))
+            .map(|()| "cgroup-file")
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Container cgroups directly under a pod cgroup.
+pub fn containers_of(pod: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(pod)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The cheap filter: what a parent cgroup looked like at the last pass.
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    seen: HashMap<PathBuf, Counters>,
+}
+
+impl Filter {
+    /// True when `cg`'s hierarchical counters moved since the last look or
+    /// its PSI is above `psi_threshold`: something below may be throttled.
+    pub fn moved(&mut self, cg: &Path, psi_threshold: f64) -> bool {
+        let Some(now) = read_counters(cg) else {
+            return false;
+        };
+        let before = self.seen.insert(cg.to_path_buf(), now);
+        before != Some(now) || read_psi(cg) > psi_threshold
+    }
+
+    /// Keeps only the given parents (bounded by the pod count).
+    pub fn retain(&mut self, keep: impl Fn(&Path) -> bool) {
+        self.seen.retain(|p, _| keep(p));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cfg() -> ThrottleConfig {
+        ThrottleConfig::default()
+    }
+
+    fn s(class: QosClass, id: &str, high: u64, max: u64, psi: f64) -> Sample {
+        Sample {
+            path: PathBuf::from("/kp/burstable/podu/cri-containerd-c.scope"),
+            id: id.into(),
+            pod_uid: "u".into(),
+            pod_path: PathBuf::from("/kp/burstable/podu"),
+            class,
+            counters: Counters { high, max },
+            psi_some_avg10: psi,
+            high: Some(236 << 20),
+            max: Some(256 << 20),
+        }
+    }
+
+    fn secs(v: f64) -> Duration {
+        Duration::from_secs_f64(v)
+    }
+
+    /// Feeds `high` events at `per_s` for `dur` seconds, sampling every
+    /// 500 ms from `start`; returns the decisions.
+    fn run(
+        g: &mut Guard,
+        start: f64,
+        dur: f64,
+        per_s: u64,
+        base: &mut u64,
+        sample: impl Fn(u64) -> Sample,
+    ) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let mut t = start;
+        while t <= start + dur + 1e-9 {
+            out.push(g.observe(secs(t), &sample(*base)));
+            *base += per_s / 2;
+            t += 0.5;
+        }
+        out
+    }
+
+    #[test]
+    fn throttle_rate_and_reset() {
+        assert_eq!(rate(10, 30, secs(2.0)), Some(10.0));
+        assert_eq!(rate(30, 10, secs(2.0)), None);
+        assert_eq!(rate(5, 5, Duration::ZERO), Some(0.0));
+    }
+
+    #[test]
+    fn throttle_transient_spike_shorter_than_grace_does_nothing() {
+        let mut g = Guard::new(cfg());
+        let mut n = 0;
+        // 5 s of 1000 high/s, then quiet: never past the 10 s grace.
+        let d = run(&mut g, 0.0, 5.0, 1000, &mut n, |c| {
+            s(QosClass::Burstable, "c", c, 0, 30.0)
+        });
+        assert!(d
+            .iter()
+            .all(|d| matches!(d, Decision::Calm | Decision::Throttled { .. })));
+        let d = run(&mut g, 5.5, 20.0, 0, &mut n, |c| {
+            s(QosClass::Burstable, "c", c, 0, 0.0)
+        });
+        assert!(
+            d.iter()
+                .all(|d| matches!(d, Decision::Calm | Decision::Throttled { .. })),
+            "{d:?}"
+        );
+        assert_eq!(d.last(), Some(&Decision::Calm));
+        assert_eq!(g.under_throttle(), 0);
+    }
+
+    #[test]
+    fn throttle_sustained_high_relaxes_exactly_once_then_evicts_if_it_persists() {
+        let mut g = Guard::new(cfg());
+        let mut n = 0;
+        let d = run(&mut g, 0.0, 12.0, 200, &mut n, |c| {
+            s(QosClass::Burstable, "c", c, 0, 5.0)
+        });
+        let relaxes: Vec<usize> = (0..d.len()).filter(|&i| d[i] == Decision::Relax).collect();
+        // The first sample only sets the baseline, the first rate comes
+        // after RATE_WINDOW: throttled from 2 s, relaxed at 12 s, once.
+        assert_eq!(relaxes.len(), 1, "{d:?}");
+        assert_eq!(relaxes[0], 24);
+        // Still `high` (the tree says not relaxed: the write was dropped):
+        // no second relax; stage 2 after the PSI settle time plus grace.
+        let d = run(&mut g, 12.5, 30.0, 200, &mut n, |c| {
+            s(QosClass::Burstable, "c", c, 0, 5.0)
+        });
+        assert!(!d.contains(&Decision::Relax));
+        // PSI avg10 settles for 10 s after the relax: no new grace yet.
+        assert!(d[..19].iter().all(|d| *d == Decision::Settling), "{d:?}");
+        let first_evict = d
+            .iter()
+            .position(|d| matches!(d, Decision::Evict { .. }))
+            .unwrap();
+        let at = 12.5 + first_evict as f64 * 0.5;
+        assert!(at >= 12.0 + 10.0 + 10.0 - 1e-9, "evicted at {at}");
+        assert_eq!(
+            d[first_evict],
+            Decision::Evict {
+                signal: Signal::High
+            }
+        );
+    }
+
+    #[test]
+    fn throttle_relaxed_container_that_calms_down_is_left_alone() {
+        let mut g = Guard::new(cfg());
+        let mut n = 0;
+        run(&mut g, 0.0, 12.0, 200, &mut n, |c| {
+            s(QosClass::Burstable, "c", c, 0, 30.0)
+        });
+        // After relaxing: no more high events; PSI decays below 10 % in 8 s.
+        let mut relaxed = s(QosClass::Burstable, "c", 0, 0, 0.0);
+        relaxed.high = relaxed.max;
+        let mut t = 12.5;
+        while t < 60.0 {
+            let psi = 30.0 * (-(t - 12.0) / 7.0f64).exp();
+            relaxed.counters.high = n;
+            relaxed.psi_some_avg10 = psi;
+            let d = g.observe(secs(t), &relaxed);
+            assert!(
+                !matches!(d, Decision::Evict { .. } | Decision::Relax),
+                "{t}: {d:?}"
+            );
+            t += 0.5;
+        }
+        assert!(!g.busy());
+    }
+
+    /// A throttled allocator sleeps in the kernel's penalty between bursts
+    /// of events: looks that land in a gap must not restart the grace.
+    #[test]
+    fn throttle_bursty_events_keep_the_grace_running() {
+        let mut g = Guard::new(cfg());
+        let mut high = 0;
+        let mut relaxed_at = None;
+        for i in 0..30u64 {
+            if i % 4 == 0 {
+                high += 400; // one burst every 2 s: 200/s on average
+            }
+            let d = g.observe(
+                secs(i as f64 * 0.5),
+                &s(QosClass::Burstable, "c", high, 0, 3.0),
+            );
+            if d == Decision::Relax {
+                relaxed_at = Some(i as f64 * 0.5);
+            }
+        }
+        let at = relaxed_at.expect("relaxed");
+        assert!((12.0..=13.0).contains(&at), "relaxed at {at}");
+    }
+
+    #[test]
+    fn throttle_psi_alone_never_evicts_a_relaxed_container() {
+        let mut g = Guard::new(cfg());
+        let mut r = s(QosClass::Burstable, "c", 0, 0, 40.0);
+        r.high = r.max;
+        let mut n = 0;
+        let d = run(&mut g, 0.0, 60.0, 0, &mut n, |_| r.clone());
+        assert!(d.iter().all(|d| *d == Decision::Calm), "{d:?}");
+    }
+
+    #[test]
+    fn throttle_without_high_goes_straight_to_stage_2() {
+        let mut g = Guard::new(cfg());
+        let mut n = 0;
+        let d = run(&mut g, 0.0, 12.0, 0, &mut n, |c| {
+            s(QosClass::Burstable, "c", c, 0, 40.0)
+        });
+        assert!(!d.contains(&Decision::Relax));
+        assert_eq!(
+            d.last(),
+            Some(&Decision::Evict {
+                signal: Signal::Psi
+            })
+        );
+        // Only max events (at the limit, no stall reported): stage 2 too.
+        let mut g = Guard::new(cfg());
+        let d = run(&mut g, 0.0, 12.0, 400, &mut n, |c| {
+            s(QosClass::Burstable, "c", 0, c, 0.0)
+        });
+        assert_eq!(
+            d.last(),
+            Some(&Decision::Evict {
+                signal: Signal::Max
+            })
+        );
+    }
+
+    #[test]
+    fn throttle_guaranteed_is_never_touched() {
+        let mut g = Guard::new(cfg());
+        let mut n = 0;
+        let d = run(&mut g, 0.0, 60.0, 5000, &mut n, |c| {
+            s(QosClass::Guaranteed, "c", c, c, 90.0)
+        });
+        assert!(d.iter().all(|d| *d == Decision::Calm));
+        assert_eq!(g.under_throttle(), 0);
+    }
+
+    #[test]
+    fn throttle_relaxed_state_comes_from_the_tree() {
+        let mut x = s(QosClass::Burstable, "c", 0, 0, 0.0);
+        assert!(!x.relaxed());
+        x.high = x.max;
+        assert!(x.relaxed());
+        x.max = None;
+        x.high = None;
+        assert!(x.relaxed());
+        assert_eq!(x.relax_value(), None);
+        // Found relaxed after a restart: never relaxed again, stage 2 only.
+        let mut g = Guard::new(cfg());
+        let mut n = 0;
+        let mut r = s(QosClass::Burstable, "c", 0, 0, 0.0);
+        r.high = r.max;
+        let d = run(&mut g, 0.0, 12.0, 400, &mut n, |c| {
+            let mut r = r.clone();
+            r.counters.high = c;
+            r
+        });
+        assert!(!d.contains(&Decision::Relax));
+        assert!(matches!(d.last(), Some(Decision::Evict { .. })));
+    }
+
+    #[test]
+    fn throttle_relaxed_judged_from_the_tree() {
+        assert!(is_relaxed("247463936", "268435456\n", "268435456\n"));
+        assert!(is_relaxed("247463936", "max", "max"));
+        assert!(!is_relaxed("247463936", "247463936", "268435456"));
+        // Not ours to call relaxed: the policy wants no memory.high at all,
+        // or someone set another value.
+        assert!(!is_relaxed("max", "max", "max"));
+        assert!(!is_relaxed("247463936", "250000000", "268435456"));
+    }
+
+    #[test]
+    fn throttle_container_ids_from_cgroup_names() {
+        assert_eq!(container_id("cri-containerd-abc123.scope"), "abc123");
+        assert_eq!(container_id("crio-abc.scope"), "abc");
+        assert_eq!(container_id("abc123"), "abc123");
+    }
+
+    #[test]
+    fn throttle_config_validates_and_names_the_key() {
+        assert!(ThrottleConfig::default().validate().is_ok());
+        for (text, key) in [
+            ("[throttle]\nhigh-rate = 0.0\n", "throttle.high-rate"),
+            ("[throttle]\nmax-rate = -1.0\n", "throttle.max-rate"),
+            (
+                "[throttle]\npsi-some-avg10 = 100.0\n",
+                "throttle.psi-some-avg10",
+            ),
+            (
+                "[throttle]\ngrace-period = \"0s\"\n",
+                "throttle.grace-period",
+            ),
+            ("[throttle]\ninterval = \"20s\"\n", "throttle.interval"),
+            ("[throttle]\ngrace = \"1s\"\n", "grace"),
+        ] {
+            let e = ThrottleConfig::from_toml(text, "t")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+        let c = ThrottleConfig::from_toml("[throttle]\nenabled = false\n", "t").unwrap();
+        assert!(!c.enabled);
+        assert_eq!(
+            ThrottleConfig::from_toml("[monitor]\n", "t").unwrap(),
+            ThrottleConfig::default()
+        );
+    }
+
+    /// One step of a generated counter sequence.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// `high` events in the next 500 ms, PSI.
+        Tick(u64, f64),
+        /// The container restarted: counters back to a small value, new id.
+        Restart(u64),
+    }
+
+    fn steps() -> impl Strategy<Value = Vec<Step>> {
+        proptest::collection::vec(
+            prop_oneof![
+                10 => (0u64..400, 0.0f64..60.0).prop_map(|(h, p)| Step::Tick(h, p)),
+                1 => (0u64..50).prop_map(Step::Restart),
+            ],
+            1..200,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+        /// Over random counter sequences: at most one relax per container id,
+        /// a relax or eviction only after a whole grace period under
+        /// throttle, an eviction of a container we relaxed only after the
+        /// settle time plus grace, and never anything for Guaranteed.
+        #[test]
+        fn throttle_guard_invariants(seq in steps(), guaranteed in proptest::bool::weighted(0.1)) {
+            let c = cfg();
+            let grace = c.grace_period.0;
+            let mut g = Guard::new(c.clone());
+            let class = if guaranteed { QosClass::Guaranteed } else { QosClass::Burstable };
+            let (mut id, mut high) = (0u32, 0u64);
+            let mut now = Duration::ZERO;
+            // Consecutive samples with any signal active, and since when.
+            let mut active_since: Option<Duration> = None;
+            let mut relaxed_at: Option<Duration> = None;
+            let mut relaxes_this_id = 0;
+            let mut base: Option<(u32, Duration, u64)> = None;
+            let (mut hr, mut pending) = (0.0f64, true);
+            for step in seq {
+                now += Duration::from_millis(500);
+                let psi = match step {
+                    Step::Tick(h, p) => { high += h; p }
+                    Step::Restart(h) => {
+                        id += 1; high = h; relaxes_this_id = 0; relaxed_at = None; 0.0
+                    }
+                };
+                let mut x = s(class, &format!("c{id}"), high, 0, psi);
+                x.path = PathBuf::from("/kp/podu/c");
+                let d = g.observe(now, &x);
+                // The independent model of "active": a rate needs a baseline
+                // of the same id with counters that did not go down, at
+                // least RATE_WINDOW old; in between the last rate holds.
+                let psi_on = psi > c.psi_some_avg10;
+                match base {
+                    Some((bid, bt, bh)) if bid == id && bh <= high => {
+                        if now - bt >= RATE_WINDOW {
+                            hr = (high - bh) as f64 / (now - bt).as_secs_f64();
+                            base = Some((id, now, high));
+                            pending = false;
+                        }
+                    }
+                    _ => {
+                        base = Some((id, now, high));
+                        pending = true;
+                        active_since = None;
+                    }
+                }
+                if pending {
+                    active_since = if psi_on { active_since.or(Some(now)) } else { None };
+                } else if hr > c.high_rate || psi_on {
+                    active_since.get_or_insert(now);
+                } else {
+                    active_since = None;
+                }
+                match d {
+                    Decision::Relax => {
+                        prop_assert!(!guaranteed);
+                        prop_assert_eq!(relaxes_this_id, 0);
+                        prop_assert!(active_since.is_some_and(|s| now - s >= grace));
+                        relaxes_this_id += 1;
+                        relaxed_at = Some(now);
+                    }
+                    Decision::Evict { .. } => {
+                        prop_assert!(!guaranteed);
+                        prop_assert!(active_since.is_some_and(|s| now - s >= grace));
+                        if let Some(r) = relaxed_at {
+                            prop_assert!(now >= r + PSI_SETTLE + grace);
+                        }
+                    }
+                    Decision::Calm | Decision::Throttled { .. } | Decision::Settling => {}
+                }
+            }
+        }
+    }
+}
