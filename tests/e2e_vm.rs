@@ -82,15 +82,16 @@ fn e2e_containerd_1_7() {
     run_e2e_with("1.7", "external", ALL_SCENARIOS, &["--crictl"]);
 }
 
-/// 2.1 also plays a 1.37 kubelet with TieredReservation for 60 s
-/// (`kubeletqos`, about 100 s of VM time); last, since the kubelet then owns
-/// the QoS and kubepods protection until the plugin restarts.
+/// 2.1 also runs the throttle guard's scenario and plays a 1.37 kubelet
+/// with TieredReservation for 60 s (`kubeletqos`, about 100 s of VM time);
+/// that one last, since the kubelet then owns the QoS and kubepods
+/// protection until the plugin restarts.
 #[test]
 fn e2e_containerd_2_1() {
     run_e2e_with(
         "2.1",
         "prelaunched",
-        &format!("{ALL_SCENARIOS},kubeletqos,throttle"),
+        &format!("{ALL_SCENARIOS},throttle,kubeletqos"),
         &["--crictl"],
     );
 }
@@ -98,9 +99,17 @@ fn e2e_containerd_2_1() {
 /// CRI-O (NRI v0.12) with the plugin pre-launched: every scenario, the
 /// resilience sequence and the crictl pods. Skipped, with what is missing,
 /// when ../shared/tools/bin has no crio/pinns (NRI_QOS_CRIO, NRI_QOS_PINNS).
+/// `memoryqos` runs last: CRI-O shows the plugin the kubelet's keys, so from
+/// then on the kubelet owns the QoS and kubepods protection until the
+/// plugin restarts (as `kubeletqos` on 2.1).
 #[test]
 fn e2e_crio() {
-    run_e2e_with("crio", "prelaunched", ALL_SCENARIOS, &["--crictl"]);
+    run_e2e_with(
+        "crio",
+        "prelaunched",
+        "basic,kubelet,pagecache,eviction,memoryqos",
+        &["--crictl"],
+    );
 }
 
 /// CRI-O with the external plugin: `basic` and the external resilience

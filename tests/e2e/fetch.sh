@@ -29,6 +29,7 @@ host_packages() {
     local missing=()
     command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
     command -v cpio >/dev/null || missing+=(cpio)
+    command -v strip >/dev/null || missing+=(binutils)
     command -v timeout >/dev/null || missing+=(coreutils)
     if [ "${#missing[@]}" -gt 0 ]; then
         log "installing host packages: ${missing[*]}"

@@ -365,6 +365,10 @@ build_initramfs() {
     for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
     cp "$WORK/memhog" "$r/e2e/bin/memhog"
+    # The debug binaries carry ~170 MB of debug info each, and the guest's root
+    # is a tmpfs inside its 2 GiB: unstripped, they ate the headroom the
+    # eviction scenario's pods are sized for. Symbols stay for backtraces.
+    strip --strip-debug "$r"/e2e/bin/*
     cp "$HERE/pressure/run.sh" "$r/e2e/pressure.sh"
     cp "$HERE/pressure/throttle.sh" "$r/e2e/throttle.sh"
     cp "$CACHE/loop.ko" "$r/e2e/loop.ko"
