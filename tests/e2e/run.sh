@@ -371,6 +371,7 @@ build_initramfs() {
     strip --strip-debug "$r"/e2e/bin/*
     cp "$HERE/pressure/run.sh" "$r/e2e/pressure.sh"
     cp "$HERE/pressure/throttle.sh" "$r/e2e/throttle.sh"
+    cp "$HERE/pressure/pressure-lib.sh" "$r/e2e/pressure-lib.sh"
     cp "$CACHE/loop.ko" "$r/e2e/loop.ko"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
     cp -r "$HERE/scenarios/pods" "$r/e2e/scenarios/"

@@ -27,39 +27,14 @@ RUNS=${RUNS:-10}
 RATE=${RATE:-256} # MiB/s of the hog
 HZ=100            # USER_HZ on Linux: /proc/<pid>/stat ticks
 KP=$CG/kubepods.slice
-mkdir -p "$OUT"
-SUM=$OUT/summary.txt
-: >"$SUM"
-
-log() { echo "[pressure $(cut -d' ' -f1 /proc/uptime)] $*" >&2; }
-put() { echo "$1=$2" >>"$SUM"; log "$1=$2"; }
+TAG=pressure
+. "$(dirname "$0")/pressure-lib.sh"
 uptime_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 status_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
 vmstat() { awk -v k="$1" '$1 == k {print $2}' /proc/vmstat; }
-count() { grep -c "$1" "$OUT/monitor.log" || true; }
-
-[ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 1; }
-[ -f "$CG/cgroup.controllers" ] || { echo "$CG is not cgroup v2" >&2; exit 1; }
-put kernel "$(uname -r)"
 put mem_total_kb "$(awk '/^MemTotal/ {print $2}' /proc/meminfo)"
-put swap_total_kb "$(awk '/^SwapTotal/ {print $2}' /proc/meminfo)"
 
-enable_memory() { grep -qw memory "$1/cgroup.subtree_control" || echo +memory >"$1/cgroup.subtree_control"; }
-mkdir -p "$KP"
-enable_memory "$CG"
-enable_memory "$KP"
-for q in burstable besteffort; do
-  mkdir -p "$KP/kubepods-$q.slice"
-  enable_memory "$KP/kubepods-$q.slice"
-done
-# pod_path CLASS UID
-pod_path() {
-  case $1 in
-  guaranteed) echo "$KP/kubepods-pod$2.slice" ;;
-  *) echo "$KP/kubepods-$1.slice/kubepods-$1-pod$2.slice" ;;
-  esac
-}
 # mkpod CLASS UID [memory.max]: a pod cgroup with one container cgroup "app"
 mkpod() {
   p=$(pod_path "$1" "$2")
@@ -68,13 +43,6 @@ mkpod() {
   mkdir -p "$p/app"
   if [ -n "${3:-}" ]; then echo "$3" >"$p/memory.max"; fi
   echo "$p"
-}
-# run_in CGROUP LOGFILE CMD...: CMD in CGROUP, as a child of this shell
-run_in() {
-  cgp=$1 lf=$2
-  shift 2
-  sh -c 'echo $$ >"$0/cgroup.procs"; exec "$@"' "$cgp" "$@" >"$lf" 2>&1 &
-  LAST_PID=$!
 }
 rmpod() {
   p=$1

@@ -30,44 +30,16 @@ ROUNDS=${ROUNDS:-3}
 KP=$CG/kubepods.slice
 HIGH=247463936 # 64Mi + 0.9 * (256Mi - 64Mi), what the policy sets
 MAX=268435456
-mkdir -p "$OUT"
-SUM=$OUT/summary.txt
-: >"$SUM"
-
-log() { echo "[throttle $(cut -d' ' -f1 /proc/uptime)] $*" >&2; }
-put() { echo "$1=$2" >>"$SUM"; log "$1=$2"; }
-count() { grep -c "$1" "$OUT/monitor.log" || true; }
-
-[ "$(id -u)" = 0 ] || { echo "run as root" >&2; exit 1; }
-[ -f "$CG/cgroup.controllers" ] || { echo "$CG is not cgroup v2" >&2; exit 1; }
-put kernel "$(uname -r)"
-put swap_total_kb "$(awk '/^SwapTotal/ {print $2}' /proc/meminfo)"
-
-enable_memory() { grep -qw memory "$1/cgroup.subtree_control" || echo +memory >"$1/cgroup.subtree_control"; }
-mkdir -p "$KP"
-enable_memory "$CG"
-enable_memory "$KP"
-for q in burstable besteffort; do
-  mkdir -p "$KP/kubepods-$q.slice"
-  enable_memory "$KP/kubepods-$q.slice"
-done
+TAG=throttle
+. "$(dirname "$0")/pressure-lib.sh"
 # mkpod CLASS UID: a pod cgroup with one container cgroup named like
 # containerd's systemd scopes
 mkpod() {
-  case $1 in
-  guaranteed) p=$KP/kubepods-pod$2.slice ;;
-  *) p=$KP/kubepods-$1.slice/kubepods-$1-pod$2.slice ;;
-  esac
+  p=$(pod_path "$1" "$2")
   mkdir -p "$p"
   enable_memory "$p"
   mkdir -p "$p/cri-containerd-$2.scope"
   echo "$p/cri-containerd-$2.scope"
-}
-run_in() {
-  cgp=$1 lf=$2
-  shift 2
-  sh -c 'echo $$ >"$0/cgroup.procs"; exec "$@"' "$cgp" "$@" >"$lf" 2>&1 &
-  LAST_PID=$!
 }
 
 cat >"$OUT/monitor.toml" <<EOC
