@@ -18,7 +18,7 @@ fn main() {
         cases += 1;
         if want != got {
             wrong += 1;
-            println!("{what:6} {text:>22?}: resource.Quantity {want:?}, kube_quantity {got:?}");
+            println!("{what:6} {text:>22?}: ours (tests) {want:?}, kube_quantity {got:?}");
         }
     };
     // memory_forms
@@ -46,5 +46,5 @@ fn main() {
     ] {
         check("reject", text, None, bytes(text));
     }
-    println!("{wrong} of {cases} cases differ from resource.Quantity");
+    println!("{wrong} of {cases} cases differ from our tests");
 }
