@@ -14,9 +14,10 @@ dir=${CRATE_COSTS_DIR:-$(mktemp -d /tmp/crate-costs.XXXXXX)}
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$dir"' EXIT
 mkdir -p "$dir"
 cp -r "$here/scripts/crate-costs/." "$dir/"
-cp "$here/src/qos/quantity.rs" "$dir/src/quantity.rs"
+mkdir -p "$dir/src/qos"
+cp "$here/src/qos/quantity.rs" "$here/src/qos/pod.rs" "$dir/src/qos/"
 cd "$dir"
-cargo build --release --quiet --bins 2>&1 | grep -v '^warning' || true
+cargo build --release --quiet --bins
 bin=target/release
 kib() { echo $(( $(stat -c %s "$1") / 1024 )); }
 
@@ -28,6 +29,11 @@ done
 qbase=$(kib $bin/quant_ours)
 for b in quant_ours quant_kube; do
   printf '%-11s %6s KiB  %+6d KiB\n' "$b" "$(kib $bin/$b)" $(( $(kib $bin/$b) - qbase ))
+done
+
+pbase=$(kib $bin/pod_ours)
+for b in pod_ours pod_openapi; do
+  printf '%-11s %6s KiB  %+6d KiB\n' "$b" "$(kib $bin/$b)" $(( $(kib $bin/$b) - pbase ))
 done
 
 echo "== RSS after $scrapes scrapes (median of 3 runs): VmRSS VmHWM KiB, reply bytes"
@@ -49,14 +55,18 @@ done
 echo "== kube_quantity on our quantity unit tests (src/qos/quantity.rs)"
 $bin/quant_check
 
+echo "== explain's manifests through k8s-openapi's Pod"
+$bin/pod_check
+
 echo "== k8s-cri (the tests' CRI client candidate)"
 if ! command -v protoc >/dev/null; then
   echo "k8s-cri's build script runs protoc (tonic-prost-build): not installed, so it cannot build here"
 else
   # tonic and prost are what tests/e2e/cri-client already builds; time only k8s-cri on top
-  cargo build --release --quiet --features cri -p tonic -p tonic-prost -p prost 2>&1 | grep -v '^warning' || true
+  cri=(--release --quiet --manifest-path cri/Cargo.toml --target-dir target)
+  cargo build "${cri[@]}" -p tonic -p tonic-prost -p prost
   start=$(date +%s.%N)
-  cargo build --release --quiet --features cri -p k8s-cri 2>&1 | grep -v '^warning' || true
+  cargo build "${cri[@]}" -p k8s-cri
   end=$(date +%s.%N)
   printf 'k8s-cri build alone: %.0f s (protoc %s); generated Rust: %s lines (hand-written messages and client today: %s lines)\n' \
     "$(awk "BEGIN{print $end - $start}")" "$(protoc --version | cut -d' ' -f2)" \

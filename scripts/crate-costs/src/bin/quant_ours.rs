@@ -1,8 +1,5 @@
-//! Our parser (src/qos/quantity.rs, copied in by the script): bytes and
-//! millicores of each argument.
-#[path = "../quantity.rs"]
-#[allow(dead_code)]
-mod quantity;
+//! Our parser (src/qos/quantity.rs): bytes and millicores of each argument.
+use crate_costs::qos::quantity;
 
 fn main() {
     for a in std::env::args().skip(1) {
