@@ -29,7 +29,13 @@ impl Default for Metrics {
         registry.register("hook_duration_seconds", "Hook time", hook.clone());
         registry.register("pressure", "PSI", pressure.clone());
         registry.register("evictions", "Evictions", evictions.clone());
-        Metrics { registry, adjustments, hook, pressure, evictions }
+        Metrics {
+            registry,
+            adjustments,
+            hook,
+            pressure,
+            evictions,
+        }
     }
 }
 
@@ -42,7 +48,10 @@ impl Exposition for Metrics {
             .inc();
         self.hook.observe((i % 50) as f64 * 0.000_01);
         self.pressure
-            .get_or_create(&vec![("resource", RESOURCES[i % 4]), ("kind", KINDS[i % 7])])
+            .get_or_create(&vec![
+                ("resource", RESOURCES[i % 4]),
+                ("kind", KINDS[i % 7]),
+            ])
             .set(i as f64 * 0.5);
         self.evictions
             .get_or_create(&vec![("class", c), ("reason", REASONS[i % 3])])

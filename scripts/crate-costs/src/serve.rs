@@ -18,14 +18,19 @@ where
     let client = std::thread::spawn(move || self_test(addr, n));
     while !client.is_finished() {
         let accept = tokio::time::timeout(Duration::from_millis(50), listener.accept());
-        let Ok(Ok((s, _))) = accept.await else { continue };
+        let Ok(Ok((s, _))) = accept.await else {
+            continue;
+        };
         answer(s, m.clone()).await;
     }
     client.join().expect("client");
 }
 
 pub fn hand<E: Exposition>(m: E) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
     let mut i = 0;
     rt.block_on(run(Arc::new(m), |mut s, m| {
         i += 1;
@@ -47,7 +52,10 @@ pub fn hand<E: Exposition>(m: E) {
 pub fn hyper<E: Exposition>(m: E) {
     use http_body_util::Full;
     use hyper::body::Bytes;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
     let mut i = 0;
     rt.block_on(run(Arc::new(m), |s, m| {
         i += 1;
@@ -63,7 +71,9 @@ pub fn hyper<E: Exposition>(m: E) {
                 }
             });
             let io = hyper_util::rt::TokioIo::new(s);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, service)
+                .await;
         }
     }));
 }

@@ -12,8 +12,12 @@ const MANIFESTS: &[(&str, &str)] = &[
 
 fn main() {
     for (what, yaml) in MANIFESTS {
-        let ours = crate_costs::qos::pod::parse_pod(yaml).map(|_| "ok".to_string()).unwrap_or_else(|e| e.to_string());
-        let theirs = openapi::parse(yaml).map(|_| "ok".to_string()).unwrap_or_else(|e| e);
+        let ours = crate_costs::qos::pod::parse_pod(yaml)
+            .map(|_| "ok".to_string())
+            .unwrap_or_else(|e| e.to_string());
+        let theirs = openapi::parse(yaml)
+            .map(|_| "ok".to_string())
+            .unwrap_or_else(|e| e);
         println!("{what}: ours {ours}; k8s-openapi {theirs}");
     }
 }

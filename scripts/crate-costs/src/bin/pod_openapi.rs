@@ -12,10 +12,16 @@ pub fn parse(text: &str) -> Result<Pod, String> {
 fn main() {
     let text = std::fs::read_to_string(std::env::args().nth(1).expect("file")).expect("read");
     if let Ok(p) = serde_json::from_str::<Pod>(&text) {
-        println!("json: {} containers", p.spec.map_or(0, |s| s.containers.len()));
+        println!(
+            "json: {} containers",
+            p.spec.map_or(0, |s| s.containers.len())
+        );
     }
     match parse(&text) {
-        Ok(p) => println!("k8s-openapi: {} containers", p.spec.map_or(0, |s| s.containers.len())),
+        Ok(p) => println!(
+            "k8s-openapi: {} containers",
+            p.spec.map_or(0, |s| s.containers.len())
+        ),
         Err(e) => println!("k8s-openapi: {e}"),
     }
 }

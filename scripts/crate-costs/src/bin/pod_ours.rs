@@ -3,7 +3,10 @@
 fn main() {
     let text = std::fs::read_to_string(std::env::args().nth(1).expect("file")).expect("read");
     if let Ok(p) = serde_json::from_str::<k8s_openapi::api::core::v1::Pod>(&text) {
-        println!("json: {} containers", p.spec.map_or(0, |s| s.containers.len()));
+        println!(
+            "json: {} containers",
+            p.spec.map_or(0, |s| s.containers.len())
+        );
     }
     match crate_costs::qos::pod::parse_pod(&text) {
         Ok(p) => println!("ours: {} containers", p.spec.containers.len()),
