@@ -173,6 +173,13 @@ pub fn container_cgroup(driver: Driver, pod_path: &str, id: &str) -> String {
     }
 }
 
+/// Container id from a container cgroup name: `cri-containerd-<id>.scope`,
+/// `crio-<id>.scope`, `docker-<id>.scope` (systemd) or `<id>` (cgroupfs).
+pub fn container_id(name: &str) -> &str {
+    let base = name.strip_suffix(".scope").unwrap_or(name);
+    base.rsplit('-').next().unwrap_or(base)
+}
+
 /// Locates the kubepods cgroup below `root`: `setting` is "auto" or a path
 /// relative to the cgroup root.
 pub fn find_kubepods(root: &Path, setting: &str) -> Option<(PathBuf, Driver)> {

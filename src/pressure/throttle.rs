@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::config::HumanDuration;
 use super::{psi, MonitorError};
 use crate::node::cgroupfs as stat;
-use crate::node::layout::Driver;
+use crate::node::layout::{container_id, Driver};
 use crate::qos::QosClass;
 
 /// PSI avg10 is a 10 s exponential average: after relaxing, the stall it
@@ -458,13 +458,6 @@ fn decide(
     }
 }
 
-/// Container id from a container cgroup name: `cri-containerd-<id>.scope`,
-/// `crio-<id>.scope`, `docker-<id>.scope` (systemd) or `<id>` (cgroupfs).
-pub fn container_id(name: &str) -> &str {
-    let base = name.strip_suffix(".scope").unwrap_or(name);
-    base.rsplit('-').next().unwrap_or(base)
-}
-
 /// The cgroup of a QoS class's parent, where Burstable and BestEffort pods
 /// live. Guaranteed pods sit directly under kubepods and are never read.
 pub fn qos_parent(kubepods: &Path, driver: Driver, class: QosClass) -> Option<PathBuf> {
@@ -801,13 +794,6 @@ mod tests {
         });
         assert!(!d.contains(&Decision::Relax));
         assert!(matches!(d.last(), Some(Decision::Evict { .. })));
-    }
-
-    #[test]
-    fn throttle_container_ids_from_cgroup_names() {
-        assert_eq!(container_id("cri-containerd-abc123.scope"), "abc123");
-        assert_eq!(container_id("crio-abc.scope"), "abc");
-        assert_eq!(container_id("abc123"), "abc123");
     }
 
     #[test]

@@ -137,6 +137,17 @@ fn cgroup_dirs_never_leave_the_root() {
     }
 }
 
+#[test]
+fn throttle_container_ids_from_cgroup_names() {
+    assert_eq!(container_id("cri-containerd-abc123.scope"), "abc123");
+    assert_eq!(container_id("crio-abc.scope"), "abc");
+    assert_eq!(container_id("abc123"), "abc123");
+    for driver in [Driver::Cgroupfs, Driver::Systemd] {
+        let path = container_cgroup(driver, "/kubepods/podx", "abc123");
+        assert_eq!(container_id(path.rsplit('/').next().unwrap()), "abc123");
+    }
+}
+
 proptest! {
     /// The parent explain gives a pod parses back to its class and pod
     /// cgroup, for both drivers.
