@@ -1,4 +1,7 @@
-//! Facts about the node read once at start (paths injected for tests).
+//! The ground floor: facts about the node read once at start (paths
+//! injected for tests), the QoS class, the kubelet's cgroup layout
+//! ([`layout`]) and reading/writing cgroup files ([`cgroupfs`]). Imports
+//! nothing of ours.
 
 use std::path::{Component, Path, PathBuf};
 

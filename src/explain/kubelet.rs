@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::NodeSpec;
+use crate::node::QosClass;
 use crate::qos::formulas as f;
 use crate::qos::pod::Pod;
-use crate::qos::QosClass;
 
 /// The kubelet's Memory QoS as `explain` simulates it (KEP-2570,
 /// kubelet-qos.md §4): which protection it sends in the CRI `unified` map

@@ -16,10 +16,11 @@ use thiserror::Error;
 
 use crate::node::cgroupfs::Owner;
 use crate::node::layout::{container_cgroup, pod_cgroup_parent, Driver};
+use crate::node::{NodeFacts, QosClass};
 use crate::qos::formulas as f;
 use crate::qos::pod::{parse_pod, pod_qos, ManifestError, Resolved};
 use crate::qos::policy::{self, PolicyConfig, WeightConversion};
-use crate::qos::{ContainerFacts, NodeFacts, PodFacts, QosClass, RequestSource, Resources};
+use crate::qos::{ContainerFacts, PodFacts, RequestSource, Resources};
 
 mod kubelet;
 mod render;
