@@ -54,6 +54,18 @@ pub fn scrapes() -> usize {
 }
 
 pub mod hand;
+/// The one ground-floor type src/qos/pod.rs names (`crate::node::QosClass`).
+pub mod node {
+    #[derive(
+        Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+    )]
+    pub enum QosClass {
+        Guaranteed,
+        Burstable,
+        BestEffort,
+    }
+}
+
 /// Our src/qos/quantity.rs and src/qos/pod.rs, copied in by the script.
 #[allow(dead_code)]
 pub mod qos {
