@@ -378,3 +378,96 @@ fn pressure_cli_flags_override_file() {
         .to_string()
         .contains("/nonexistent/x.toml"));
 }
+
+#[test]
+fn monitor_reads_the_environment_and_its_log_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nri-qos.toml");
+    std::fs::write(&file, "[plugin]\nlog-level = \"warn\"\n").unwrap();
+    let c = file.to_str().unwrap();
+    let vars = || {
+        env(&[
+            ("NRI_QOS_NODE_CGROUP_ROOT", "/host/cg"),
+            ("NRI_QOS_PLUGIN_LOG_LEVEL", "debug"),
+        ])
+    };
+    let s = Wrap::try_parse_from(["x", "-c", c])
+        .unwrap()
+        .args
+        .resolve(vars())
+        .unwrap();
+    assert_eq!(
+        s.paths.cgroup_root,
+        Path::new("/host/cg"),
+        "env over defaults"
+    );
+    assert_eq!(s.log_level, "debug", "env over the file");
+    assert_eq!(s.log_format, "text");
+    let s = Wrap::try_parse_from([
+        "x",
+        "-c",
+        c,
+        "--cgroup-root",
+        "/cg",
+        "--log-level",
+        "error",
+        "--log-format",
+        "json",
+    ])
+    .unwrap()
+    .args
+    .resolve(vars())
+    .unwrap();
+    assert_eq!(s.paths.cgroup_root, Path::new("/cg"), "flags over env");
+    assert_eq!(
+        (s.log_level.as_str(), s.log_format.as_str()),
+        ("error", "json")
+    );
+    let err = Wrap::try_parse_from(["x", "-c", c])
+        .unwrap()
+        .args
+        .resolve(env(&[("NRI_QOS_NODE_CGROUP_ROT", "/x")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("NRI_QOS_NODE_CGROUP_ROT"), "{err}");
+}
+
+#[test]
+fn plugin_layers_end_with_flags_then_the_runtime_given_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nri-qos.toml");
+    std::fs::write(&file, "[plugin]\nindex = \"20\"\nlog-level = \"warn\"\n").unwrap();
+    let args = RunArgs {
+        log_level: Some("debug".into()),
+        ..Default::default()
+    };
+    let vars = || {
+        env(&[
+            ("NRI_QOS_CONFIG", file.to_str().unwrap()),
+            ("NRI_QOS_PLUGIN_INDEX", "30"),
+            ("NRI_QOS_PLUGIN_LOG_LEVEL", "info"),
+        ])
+    };
+    let cfg = Config::for_plugin(&args, vars(), &Launch::default()).unwrap();
+    assert_eq!(cfg.plugin.index, "30", "env over the file");
+    assert_eq!(cfg.plugin.log_level, "debug", "flags over env");
+    let named = Launch {
+        program: Some("05-qos".into()),
+        ..Default::default()
+    };
+    let cfg = Config::for_plugin(&args, vars(), &named).unwrap();
+    assert_eq!(
+        (cfg.plugin.name.as_str(), cfg.plugin.index.as_str()),
+        ("qos", "05")
+    );
+    let prelaunched = Launch {
+        name: Some("rt".into()),
+        index: Some("07".into()),
+        ..named
+    };
+    let cfg = Config::for_plugin(&args, vars(), &prelaunched).unwrap();
+    assert_eq!(
+        (cfg.plugin.name.as_str(), cfg.plugin.index.as_str()),
+        ("rt", "07")
+    );
+}

@@ -398,7 +398,10 @@ mod tests {
     fn pressure_config_rejects_unknown_keys_and_bad_values() {
         let e = MonitorConfig::from_toml("[monitor]\nhard-treshold = \"1Mi\"\n", "t").unwrap_err();
         assert!(e.to_string().contains("hard-treshold"), "{e}");
-        assert!(std::error::Error::source(&e).is_some(), "the parser's error is kept");
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the parser's error is kept"
+        );
         assert!(
             MonitorConfig::from_toml("[monitor]\npsi-triggers = [\"full 0 1\"]\n", "t").is_err()
         );
