@@ -1,5 +1,5 @@
 //! `nri-qos monitor --once`: one measurement and ranking as text. The
-//! command's flags and their layering live in `crate::config`.
+//! command's flags and their layering live in the config module.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
