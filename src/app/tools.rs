@@ -48,7 +48,8 @@ pub struct ExplainArgs {
 
 /// `nri-qos explain`: every kernel value a Pod manifest will get.
 pub fn run_explain(args: ExplainArgs) -> Result<(), AppError> {
-    use crate::qos::explain::{self, Driver, NodeSpec};
+    use crate::explain::{self, NodeSpec};
+    use crate::node::layout::Driver;
     use crate::qos::quantity::{parse_bytes, parse_milli};
     let cfg = match &args.config {
         Some(p) => Config::load(p)?,
