@@ -6,6 +6,7 @@
 //! policy, `cgroup` keeps the pod/QoS-level hierarchy, `pressure` watches the
 //! node and evicts.
 
+pub mod app;
 pub mod audit;
 pub mod cgroup;
 pub mod config;

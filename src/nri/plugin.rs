@@ -165,7 +165,14 @@ pub struct QosPlugin {
     metrics: Arc<Metrics>,
     /// This node's pods from the API server, when that source runs.
     api_pods: Option<Arc<crate::kube::PodStore>>,
+    /// Layers the runtime's drop-in config over ours; none: it is ignored.
+    drop_in: Option<DropInLayer>,
 }
+
+/// Layers config text the runtime sends in Configure over the plugin's own
+/// and returns the `[policy]` and `plugin.dry-run` to use, or why the text
+/// is refused. The config layering owns it; the app wires it in.
+pub type DropInLayer = Arc<dyn Fn(&str) -> Result<(PolicyConfig, bool), String> + Send + Sync>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A handler that panicked cannot leave these maps half-updated in a way
@@ -194,7 +201,15 @@ impl QosPlugin {
             warned_old_runtime: AtomicBool::new(false),
             metrics: Arc::new(Metrics::new()),
             api_pods: None,
+            drop_in: None,
         }
+    }
+
+    /// How the runtime's drop-in config is layered over ours (see
+    /// [`QosPlugin::apply_runtime_config`]).
+    pub fn with_drop_in(mut self, layer: DropInLayer) -> Self {
+        self.drop_in = Some(layer);
+        self
     }
 
     /// Exact requests from the API server's pod specs ahead of what the
@@ -269,8 +284,11 @@ impl QosPlugin {
         if text.trim().is_empty() {
             return;
         }
-        let base = self.settings.policy.clone();
-        match layer_drop_in(&base, self.settings.dry_run, text) {
+        let Some(layer) = &self.drop_in else {
+            warn!("ignoring the runtime's drop-in config; no config layering wired in");
+            return;
+        };
+        match layer(text) {
             Ok((policy, dry_run)) => {
                 lock(&self.registry).kubelet_memory_qos = policy.kubelet_memory_qos;
                 let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
@@ -656,33 +674,6 @@ pub fn own_pod_protection(
     sums
 }
 
-/// `base` with the drop-in's `[policy]` keys and `plugin.dry-run` on top.
-/// The whole text is validated as a config file first (unknown keys and bad
-/// values are errors that name them).
-pub fn layer_drop_in(
-    base: &PolicyConfig,
-    base_dry_run: bool,
-    text: &str,
-) -> Result<(PolicyConfig, bool), String> {
-    let origin = std::path::Path::new("<runtime drop-in config>");
-    crate::config::Config::from_toml(text, origin).map_err(|e| e.to_string())?;
-    let overlay: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
-    let mut policy = toml::Table::try_from(base).map_err(|e| e.to_string())?;
-    if let Some(toml::Value::Table(p)) = overlay.get("policy") {
-        policy.extend(p.clone());
-    }
-    let policy: PolicyConfig = toml::Value::Table(policy)
-        .try_into()
-        .map_err(|e: toml::de::Error| e.to_string())?;
-    policy.validate()?;
-    let dry_run = overlay
-        .get("plugin")
-        .and_then(|p| p.get("dry-run"))
-        .and_then(toml::Value::as_bool)
-        .unwrap_or(base_dry_run);
-    Ok((policy, dry_run))
-}
-
 /// A node-sized Synchronize decodes megabytes that are garbage right after;
 /// glibc keeps such freed memory mapped unless asked to give it back.
 fn release_freed_memory() {
@@ -946,29 +937,6 @@ impl Plugin for QosPlugin {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_drop_in_overrides_only_the_keys_it_sets() {
-        use crate::qos::{Reservation, WeightConversion};
-        let base = PolicyConfig {
-            memory_reservation: Reservation::Min,
-            memory_throttling_factor: 0.8,
-            ..Default::default()
-        };
-        let (p, dry) = layer_drop_in(&base, true, "[policy]\ncpu-weight = \"linear\"\n").unwrap();
-        assert_eq!(p.cpu_weight, WeightConversion::Linear);
-        assert_eq!(p.memory_reservation, Reservation::Min, "kept from the file");
-        assert_eq!(p.memory_throttling_factor, 0.8);
-        assert!(dry, "dry-run kept when the drop-in does not say");
-        let (_, dry) = layer_drop_in(&base, true, "[plugin]\ndry-run = false\n").unwrap();
-        assert!(!dry);
-        assert!(
-            layer_drop_in(&base, false, "[policy]\ncpu-wieght = \"linear\"\n")
-                .unwrap_err()
-                .contains("cpu-wieght")
-        );
-        assert!(layer_drop_in(&base, false, "[policy]\nmemory-throttling-factor = 7.0\n").is_err());
-    }
 
     fn kubelet_pod(root: &std::path::Path, id: &str, low: u64) -> api::PodSandbox {
         let cg = root.join(format!("kubepods/burstable/pod{id}"));

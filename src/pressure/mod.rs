@@ -74,6 +74,14 @@ use crate::qos::QosClass;
 pub enum MonitorError {
     #[error("config: {0}")]
     Config(String),
+    /// A config document that does not parse; `at` names it (and the
+    /// table), the parser's error is kept as the source.
+    #[error("config: {at}{source}")]
+    ConfigParse {
+        at: String,
+        #[source]
+        source: toml::de::Error,
+    },
     #[error(transparent)]
     Read(#[from] ReadError),
     #[error("{path}: no {key}")]

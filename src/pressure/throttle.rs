@@ -118,10 +118,12 @@ impl ThrottleConfig {
             #[serde(default)]
             throttle: Option<toml::Value>,
         }
-        let bad = |e: &dyn std::fmt::Display| MonitorError::Config(format!("{origin}: {e}"));
-        let file: File = toml::from_str(text).map_err(|e| bad(&e))?;
+        let bad = |at: String| move |source| MonitorError::ConfigParse { at, source };
+        let file: File = toml::from_str(text).map_err(bad(format!("{origin}: ")))?;
         let cfg: ThrottleConfig = match file.throttle {
-            Some(v) => v.try_into().map_err(|e| bad(&format!("[throttle] {e}")))?,
+            Some(v) => v
+                .try_into()
+                .map_err(bad(format!("{origin}: [throttle] ")))?,
             None => ThrottleConfig::default(),
         };
         cfg.validate()?;
