@@ -9,6 +9,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
 use super::stat;
 
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +86,8 @@ pub trait ProcessOps: Send + Sync {
     fn mrelease(&self, fd: &OwnedFd) -> io::Result<()>;
 }
 
-/// The real syscalls, through `libc`.
+/// The real syscalls: `kill` through `nix`; nix has no pidfd_open,
+/// pidfd_send_signal or process_mrelease, so those are raw `libc` syscalls.
 #[derive(Debug, Default)]
 pub struct Syscalls;
 
@@ -120,11 +124,7 @@ impl ProcessOps for Syscalls {
     }
 
     fn kill_pid(&self, pid: i32) -> io::Result<()> {
-        // SAFETY: kill(2) with a positive pid has no memory-safety concerns.
-        if unsafe { libc::kill(pid, libc::SIGKILL) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        kill(Pid::from_raw(pid), Signal::SIGKILL).map_err(io::Error::from)
     }
 
     fn mrelease(&self, fd: &OwnedFd) -> io::Result<()> {
