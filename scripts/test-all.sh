@@ -19,8 +19,8 @@ cargo clippy --all-targets --locked -- -D warnings
 # Supply chain (deny.toml): licenses, banned/duplicate crates, crates.io as the
 # only source. cargo-deny is pinned (0.20.2 needs Rust >= 1.88) and built once
 # per machine into a cache outside the checkout, then reused while the pin
-# holds. The build is 202 s of CPU (3.4 min wall on an idle 2-core machine at
-# best; 18.7 min measured on a 2-core machine shared with six other builds). The advisories check needs a host
+# holds. The build takes 202 s of CPU: about 2-3.5 min wall on an idle 2-core
+# machine (18.7 min measured on one shared with six other builds). The advisories check needs a host
 # CI cannot reach (deny.toml says more).
 CARGO_DENY_VERSION=0.20.2
 TOOLS="${NRI_QOS_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/nri-qos/tools}"
