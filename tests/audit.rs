@@ -1,6 +1,9 @@
 //! `audit` end to end on a fake runtime and a temp cgroup tree: the snapshot
 //! comes over a real NRI session, the values from files shaped like cgroupfs.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;

@@ -3,6 +3,9 @@
 //! input (garbage protobuf, oversized and truncated frames, floods,
 //! disconnects mid-call). The plugin must never die or grow without bound.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -83,7 +83,7 @@ pub enum SessionError {
         source: io::Error,
     },
     #[error("runtime refused or did not answer RegisterPlugin: {0}")]
-    Register(String),
+    Register(#[source] ttrpc::Error),
     #[error("session ended: {0}")]
     Ended(#[from] MuxError),
 }
@@ -144,7 +144,7 @@ pub async fn serve(
     };
     let ctx = ttrpc::context::with_timeout(DEFAULT_REGISTRATION_TIMEOUT.as_nanos() as i64);
     let registered = tokio::select! {
-        r = client.register_plugin(ctx, &req) => r.map_err(|e| SessionError::Register(e.to_string())),
+        r = client.register_plugin(ctx, &req) => r.map_err(SessionError::Register),
         r = &mut driver.0 => Err(SessionError::Ended(r.unwrap_or(MuxError::Closed))),
     };
     if let Err(e) = registered {

@@ -8,6 +8,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::time::Duration;
 
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
 use crate::node::cgroupfs::{self as stat, write_file, WriteError};
 
 fn os_error(e: &WriteError) -> Option<i32> {
@@ -51,7 +54,8 @@ pub trait ProcessOps: Send + Sync {
     fn mrelease(&self, fd: &OwnedFd) -> io::Result<()>;
 }
 
-/// The real syscalls, through `libc`.
+/// The real syscalls: `kill` through `nix`; nix has no pidfd_open,
+/// pidfd_send_signal or process_mrelease, so those are raw `libc` syscalls.
 #[derive(Debug, Default)]
 pub struct Syscalls;
 
@@ -88,11 +92,7 @@ impl ProcessOps for Syscalls {
     }
 
     fn kill_pid(&self, pid: i32) -> io::Result<()> {
-        // SAFETY: kill(2) with a positive pid has no memory-safety concerns.
-        if unsafe { libc::kill(pid, libc::SIGKILL) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        kill(Pid::from_raw(pid), Signal::SIGKILL).map_err(io::Error::from)
     }
 
     fn mrelease(&self, fd: &OwnedFd) -> io::Result<()> {

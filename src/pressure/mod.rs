@@ -88,6 +88,8 @@ pub enum MonitorError {
     Missing { path: PathBuf, key: &'static str },
     #[error("monitor task failed: {0}")]
     Task(String),
+    #[error("monitor task failed: starting the monitor thread: {0}")]
+    Spawn(#[source] std::io::Error),
 }
 
 /// Where the kernel interfaces live. Production: `/sys/fs/cgroup`, `/proc`.
@@ -1170,7 +1172,7 @@ async fn start(
             let r = drive(monitor, rx, clock, Some(triggers), &thread_stop);
             let _ = done_tx.send(r);
         })
-        .map_err(|e| MonitorError::Task(format!("starting the monitor thread: {e}")))?;
+        .map_err(MonitorError::Spawn)?;
     // Dropping this future (shutdown, select!) stops the thread at once.
     let _stop = StopOnDrop { stop, tx };
     done_rx

@@ -9,6 +9,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{SyncSender, TrySendError};
 
+use nix::fcntl::OFlag;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -171,7 +172,7 @@ pub fn arm(path: &Path, trigger: &Trigger) -> Result<File, ArmError> {
     let mut f = OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(OFlag::O_NONBLOCK.bits())
         .open(path)
         .map_err(|source| ArmError::Open {
             path: path.to_path_buf(),

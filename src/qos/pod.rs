@@ -17,7 +17,10 @@ use crate::node::QosClass;
 #[derive(Debug, Error)]
 pub enum ManifestError {
     #[error("not YAML: {0}")]
-    Yaml(String),
+    Yaml(#[source] serde_norway::Error),
+    /// An API object that does not convert to a JSON value.
+    #[error("not YAML: {0}")]
+    Json(#[source] serde_json::Error),
     #[error("{path}: {message}")]
     Field { path: String, message: String },
     #[error("{path}: {source}")]
@@ -224,8 +227,7 @@ pub fn pod_memory_request(pod: &Pod) -> Result<u64, ManifestError> {
 
 /// Parses a Pod manifest; errors name the offending field.
 pub fn parse_pod(yaml: &str) -> Result<Pod, ManifestError> {
-    let value: serde_norway::Value =
-        serde_norway::from_str(yaml).map_err(|e| ManifestError::Yaml(e.to_string()))?;
+    let value: serde_norway::Value = serde_norway::from_str(yaml).map_err(ManifestError::Yaml)?;
     let pod: Pod = serde_path_to_error::deserialize(value).map_err(|e| ManifestError::Field {
         path: e.path().to_string(),
         message: e.into_inner().to_string(),
