@@ -13,8 +13,10 @@
 //! - stage 1: `high` active past the grace period ⇒ raise memory.high to
 //!   memory.max (`max` without a limit), once;
 //! - stage 2: still under throttle a grace period after relaxing (plus the
-//!   time PSI avg10 needs to decay), or past grace without `high` at all ⇒
-//!   the pod is an eviction candidate, ranked like node pressure.
+//!   time PSI avg10 needs to decay; PSI alone only from [`PSI_AFTER_RELAX`]
+//!   on), or past grace without `high` at all (a stall that is not at the
+//!   container's own memory.high) ⇒ the pod is an eviction candidate,
+//!   ranked like node pressure.
 //!
 //! Guaranteed pods are never read. Reading is cheap: the QoS parents'
 //! hierarchical `memory.events` and `memory.pressure` are read first and a
