@@ -13,8 +13,10 @@
 //! - stage 1: `high` active past the grace period ⇒ raise memory.high to
 //!   memory.max (`max` without a limit), once;
 //! - stage 2: still under throttle a grace period after relaxing (plus the
-//!   time PSI avg10 needs to decay), or past grace without `high` at all ⇒
-//!   the pod is an eviction candidate, ranked like node pressure.
+//!   time PSI avg10 needs to decay; PSI alone only from [`PSI_AFTER_RELAX`]
+//!   on), or past grace without `high` at all (a stall that is not at the
+//!   container's own memory.high) ⇒ the pod is an eviction candidate,
+//!   ranked like node pressure.
 //!
 //! Guaranteed pods are never read. Reading is cheap: the QoS parents'
 //! hierarchical `memory.events` and `memory.pressure` are read first and a
@@ -38,6 +40,13 @@ use crate::qos::QosClass;
 /// PSI avg10 is a 10 s exponential average: after relaxing, the stall it
 /// reports decays over about this long even when throttling stopped at once.
 pub const PSI_SETTLE: Duration = Duration::from_secs(10);
+
+/// After a relax (or when a container is first seen already relaxed), PSI
+/// alone counts again only this much later: three avg10 time constants, by
+/// which a stall that ended at the relax reads under 5 % of what it was.
+/// Not forever: a relaxed container stalled by a limit that is not its own
+/// (its pod's memory.high, a thrashing node) must still be evicted.
+pub const PSI_AFTER_RELAX: Duration = Duration::from_secs(30);
 
 /// Event rates are taken over at least this long (see [`Guard::observe`]).
 /// Two seconds: the longest penalty sleep the kernel puts a task over its
@@ -244,6 +253,8 @@ struct Track {
     relax_done: bool,
     /// No stage 2 before this (PSI avg10 decays after a relax).
     settle_until: Option<Duration>,
+    /// PSI alone does not count before this (see [`PSI_AFTER_RELAX`]).
+    psi_from: Option<Duration>,
     /// Only a baseline so far: look again soon for a rate.
     pending: bool,
 }
@@ -262,6 +273,7 @@ impl Track {
             under_since: None,
             relax_done: false,
             settle_until: None,
+            psi_from: None,
             pending: true,
         }
     }
@@ -353,16 +365,20 @@ impl Guard {
             Some(_) => {}
         }
         if t.pending {
+            if s.high.is_some() && s.high == s.max {
+                // New to us but relaxed (by us before a restart): its PSI
+                // may still be the lagging average of the throttle.
+                t.psi_from.get_or_insert(now + PSI_AFTER_RELAX);
+            }
             // No rate yet (a new baseline starts with no history).
             t.signals.high_rate = 0.0;
             t.signals.max_rate = 0.0;
         }
         t.signals.psi_some_avg10 = s.psi_some_avg10;
-        // After a relax, PSI alone no longer counts: avg10 lags, and in the
-        // VM a relaxed allocator still showed some avg10 ~17 % with no high
-        // or max events. A relaxed container is evicted only if it still
-        // hits a limit.
-        let psi_counts = !(t.relax_done || (s.high.is_some() && s.high == s.max));
+        // After a relax, PSI alone does not count for PSI_AFTER_RELAX:
+        // avg10 lags, and in the VM a relaxed allocator still showed some
+        // avg10 ~17 % with no high or max events 10 s after the relax.
+        let psi_counts = t.psi_from.is_none_or(|u| now >= u);
         decide(&self.cfg, t, now, s.relaxed(), psi_counts)
     }
 
@@ -452,6 +468,7 @@ fn decide(
         t.relax_done = true;
         t.under_since = None;
         t.settle_until = Some(now + PSI_SETTLE);
+        t.psi_from = Some(now + PSI_AFTER_RELAX);
         return Decision::Relax;
     }
     match signals.strongest(cfg) {
@@ -726,14 +743,67 @@ mod tests {
         assert!((12.0..=13.0).contains(&at), "relaxed at {at}");
     }
 
+    /// Found relaxed (a relax before our restart) with PSI up and no
+    /// events: the PSI may be the throttle's lagging average, so it counts
+    /// only from PSI_AFTER_RELAX after first sight; a stall that outlasts
+    /// that is real and ends in stage 2, never in a second relax.
     #[test]
-    fn throttle_psi_alone_never_evicts_a_relaxed_container() {
+    fn throttle_psi_alone_waits_out_a_relax_then_counts() {
         let mut g = Guard::new(cfg());
         let mut r = s(QosClass::Burstable, "c", 0, 0, 40.0);
         r.high = r.max;
         let mut n = 0;
         let d = run(&mut g, 0.0, 60.0, 0, &mut n, |_| r.clone());
-        assert!(d.iter().all(|d| *d == Decision::Calm), "{d:?}");
+        let first = d.iter().position(|d| *d != Decision::Calm).unwrap();
+        assert_eq!(first as f64 * 0.5, PSI_AFTER_RELAX.as_secs_f64(), "{d:?}");
+        let evict = d
+            .iter()
+            .position(|d| matches!(d, Decision::Evict { .. }))
+            .unwrap();
+        assert_eq!(evict as f64 * 0.5, 40.0, "{d:?}");
+        assert_eq!(
+            d[evict],
+            Decision::Evict {
+                signal: Signal::Psi
+            }
+        );
+        assert!(!d.contains(&Decision::Relax));
+    }
+
+    /// Relaxed by us, the `high` events stop, but the container stays
+    /// stalled (its pod's memory.high, a thrashing node: a limit that is
+    /// not its own): the lagging PSI is ignored for PSI_AFTER_RELAX, then
+    /// the stall counts and the pod is evicted, naming PSI. Before, PSI
+    /// never counted again and such a pod stayed stalled for good.
+    #[test]
+    fn throttle_relaxed_container_still_stalled_is_evicted_on_psi() {
+        let mut g = Guard::new(cfg());
+        let mut n = 0;
+        let d = run(&mut g, 0.0, 12.0, 200, &mut n, |c| {
+            s(QosClass::Burstable, "c", c, 0, 5.0)
+        });
+        assert_eq!(d.last(), Some(&Decision::Relax));
+        let mut relaxed = s(QosClass::Burstable, "c", n, 0, 40.0);
+        relaxed.high = relaxed.max;
+        let d = run(&mut g, 12.5, 40.0, 0, &mut n, |_| relaxed.clone());
+        let at = |i: usize| 12.5 + i as f64 * 0.5;
+        let evict = d
+            .iter()
+            .position(|d| matches!(d, Decision::Evict { .. }))
+            .expect("evicted");
+        assert_eq!(at(evict), 12.0 + 30.0 + 10.0, "{d:?}");
+        assert_eq!(
+            d[evict],
+            Decision::Evict {
+                signal: Signal::Psi
+            }
+        );
+        // Nothing before: settling, then PSI ignored (Calm), then the grace.
+        assert!(d[..evict].iter().all(|d| matches!(
+            d,
+            Decision::Settling | Decision::Calm | Decision::Throttled { .. }
+        )));
+        assert!(!d.contains(&Decision::Relax));
     }
 
     #[test]

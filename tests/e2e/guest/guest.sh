@@ -327,6 +327,37 @@ kubelet_qos_window() {
     echo 0 >"$cg/memory.min"; echo 0 >"$cg/burstable/memory.low"
 }
 
+# throttle, PSI-only phase: thr-podhigh stalls at its pod's memory.high (not
+# ours) with no event in its own cgroup. From our log since line $1: the
+# guard evicted that pod naming PSI, never relaxed it, and the node-pressure
+# path (memory.available) took no decision while node PSI was up.
+throttle_psi_only() {
+    uid=88888888-0024-4888-8888-888888888888
+    log="$(tail -n +"$1" /var/log/nri-qos.log 2>/dev/null | sed -e 's/\x1b\[[0-9;]*m//g')"
+    kill="$(echo "$log" | grep 'throttle persists' | grep "$uid" | head -n 1)"
+    relax="$(echo "$log" | grep 'memory.high throttle decision' | grep "$uid" | grep -c 'action="\{0,1\}relax')"
+    if echo "$kill" | grep -qE 'signal="?psi'; then
+        check throttle.psi_only_evicted PASS "$(echo "$kill" | grep -oE '^[^ ]+|signal="?[a-z]+"?' | tr '\n' ' ')"
+    else
+        check throttle.psi_only_evicted FAIL "no throttle kill of thr-podhigh with signal psi: ${kill:-none}"
+        rc=1
+    fi
+    if [ "$relax" -eq 0 ]; then
+        check throttle.psi_only_not_relaxed PASS "no relax decision for thr-podhigh"
+    else
+        check throttle.psi_only_not_relaxed FAIL "$relax relax decisions for thr-podhigh"
+        rc=1
+    fi
+    node="$(echo "$log" | grep -c 'memory pressure decision')"
+    calm="$(echo "$log" | grep 'without node shortage' | tail -n 1 | grep -oE 'available=[0-9]+|psi_node=[^ ]+ [^ ]+' | tr '\n' ' ')"
+    if [ "$node" -eq 0 ]; then
+        check throttle.psi_only_node_path_idle PASS "no node-pressure decision; last PSI wake: ${calm:-none}"
+    else
+        check throttle.psi_only_node_path_idle FAIL "$node node-pressure decisions during the scenario"
+        rc=1
+    fi
+}
+
 for s in $E2E_SCENARIOS; do
     info "scenario $s: start"
     log_from=$(( $(wc -l </var/log/nri-qos.log 2>/dev/null || echo 0) + 1 ))
@@ -348,6 +379,7 @@ for s in $E2E_SCENARIOS; do
         # Keep the pods for the audit, then clean up.
         /e2e/bin/cri-client "$@" --keep || rc=1
         [ "$s" = kubeletqos ] && kubelet_qos_window
+        [ "$s" = throttle ] && throttle_psi_only "$log_from"
         audit "$s"
         /e2e/bin/cri-client cleanup || rc=1
         monitor_actions "$log_from"
