@@ -161,11 +161,20 @@ pub struct QosPlugin {
     registry: Arc<Mutex<Registry>>,
     counters: Mutex<Counters>,
     configured: watch::Sender<bool>,
+    synchronized: watch::Sender<bool>,
     changed: watch::Sender<u64>,
     warned_old_runtime: AtomicBool,
     metrics: Arc<Metrics>,
     /// This node's pods from the API server, when that source runs.
     api_pods: Option<Arc<crate::kube::PodStore>>,
+}
+
+/// Waits until `flag` is true, or `limit` passed.
+async fn wait_for(flag: &watch::Sender<bool>, limit: Duration) -> bool {
+    let mut rx = flag.subscribe();
+    tokio::time::timeout(limit, rx.wait_for(|set| *set))
+        .await
+        .is_ok_and(|r| r.is_ok())
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -191,6 +200,7 @@ impl QosPlugin {
             })),
             counters: Mutex::new(Counters::default()),
             configured: watch::channel(false).0,
+            synchronized: watch::channel(false).0,
             changed: watch::channel(0).0,
             warned_old_runtime: AtomicBool::new(false),
             metrics: Arc::new(Metrics::new()),
@@ -243,15 +253,17 @@ impl QosPlugin {
         *lock(&self.runtime) = None;
         *lock(&self.sync) = SyncReassembler::default();
         self.configured.send_replace(false);
+        self.synchronized.send_replace(false);
     }
 
     /// Waits until Configure arrived, or `limit` passed.
     pub async fn wait_configured(&self, limit: Duration) -> bool {
-        let mut rx = self.configured.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|c| *c))
-            .await
-            .map(|r| r.is_ok())
-            .unwrap_or(false)
+        wait_for(&self.configured, limit).await
+    }
+
+    /// Waits until a whole Synchronize was answered, or `limit` passed.
+    pub async fn wait_synchronized(&self, limit: Duration) -> bool {
+        wait_for(&self.synchronized, limit).await
     }
 
     fn live(&self) -> LiveSettings {
@@ -767,6 +779,7 @@ impl Plugin for QosPlugin {
         };
         let update = self.finish_sync(whole);
         release_freed_memory();
+        self.synchronized.send_replace(true);
         Ok(api::SynchronizeResponse {
             update,
             ..Default::default()
@@ -1026,6 +1039,31 @@ mod tests {
             proc_root: "/nonexistent".into(),
             cgroup_root: root.to_path_buf(),
         })
+    }
+
+    #[tokio::test]
+    async fn synchronized_is_said_once_the_last_chunk_is_answered_and_forgotten_on_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = plugin(dir.path());
+        let short = Duration::from_millis(10);
+        assert!(!p.wait_synchronized(short).await);
+        let chunk = |more| api::SynchronizeRequest {
+            more,
+            ..Default::default()
+        };
+        p.synchronize(&TtrpcContext::default(), chunk(true))
+            .await
+            .unwrap();
+        assert!(!p.wait_synchronized(short).await, "only a chunk so far");
+        p.synchronize(&TtrpcContext::default(), chunk(false))
+            .await
+            .unwrap();
+        assert!(p.wait_synchronized(short).await);
+        p.reset_session();
+        assert!(
+            !p.wait_synchronized(short).await,
+            "a new session syncs anew"
+        );
     }
 
     #[test]
