@@ -125,7 +125,7 @@ wait_synced() {
         sleep 0.2
         i=$((i + 1))
     done
-    waited_s=$((i / 5))
+    waited_s="$((i / 5)).$((i % 5 * 2))"
     [ "$(log_count 'synchronized with the runtime')" -gt "$2" ]
 }
 
@@ -438,7 +438,7 @@ relaunch_plugin() {
     restart_containerd
     i=0
     while [ "$(log_count "$1")" -le "$before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
-    waited_s=$((i / 5))
+    waited_s="$((i / 5)).$((i % 5 * 2))"
     new="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
     [ -n "$new" ] && [ "$new" != "$2" ] && [ "$(log_count "$1")" -gt "$before" ]
 }
