@@ -144,8 +144,8 @@ watchdog() {
     left=$(( ${E2E_VM_TIMEOUT:-600} - 60 - $(cut -d. -f1 /proc/uptime) ))
     [ "$left" -gt 0 ] || return 0
     sleep "$left"
+    # No FAIL of its own: a run that still finishes in time passes.
     info "watchdog: the guest is still running 60 s before the VM timeout; hung? state follows"
-    check guest.finished FAIL "still running at t=$(uptime_s)s"
     ps
     if [ "$E2E_RUNTIME" = containerd ] && pid="$(pid_of "$RUNTIME_MATCH")"; then
         kill -USR1 "$pid"
