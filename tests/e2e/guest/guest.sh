@@ -146,7 +146,7 @@ watchdog() {
     sleep "$left"
     # No FAIL of its own: a run that still finishes in time passes.
     info "watchdog: the guest is still running 60 s before the VM timeout; hung? state follows"
-    ps
+    ps | grep -v ' \[' # without kernel threads
     if [ "$E2E_RUNTIME" = containerd ] && pid="$(pid_of "$RUNTIME_MATCH")"; then
         kill -USR1 "$pid"
         sleep 5
