@@ -121,14 +121,24 @@ async fn session(
         async move {
             connected.set_runtime_connected(true);
             let configured = waiter.wait_configured(DEFAULT_REGISTRATION_TIMEOUT).await;
-            if configured && external && !waiter.wait_synchronized(SYNC_EXPECTED_WITHIN).await {
+            if !configured || !external {
+                return configured;
+            }
+            let runtime = waiter.runtime_info().unwrap_or_default();
+            // A runtime given a long request timeout may take that long.
+            let limit = runtime
+                .request_timeout
+                .map_or(SYNC_EXPECTED_WITHIN, |t| SYNC_EXPECTED_WITHIN.max(2 * t));
+            if !waiter.wait_synchronized(limit).await {
                 // Nothing we can do from here: the runtime's own locks.
                 error!(
-                    waited_s = SYNC_EXPECTED_WITHIN.as_secs(),
-                    "the runtime configured this plugin but has not synchronized it: containerd 1.7 before 1.7.26 deadlocks when an external plugin registers during a pod or container event (containerd#10085); if pods stop starting, restart containerd (docs/operations.md)"
+                    runtime = %runtime.name,
+                    version = %runtime.version,
+                    waited_s = limit.as_secs(),
+                    "the runtime configured this plugin but has not synchronized it; containerd 1.7 before 1.7.26 deadlocks when an external plugin registers during a pod or container event (containerd#10085): if pods stop starting, restart containerd (docs/operations.md)"
                 );
             }
-            configured
+            true
         },
     )
     .await;
