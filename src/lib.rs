@@ -9,6 +9,7 @@
 pub mod audit;
 pub mod cgroup;
 pub mod config;
+pub mod explain;
 pub mod kube;
 pub mod metrics;
 pub mod node;
@@ -16,3 +17,4 @@ pub mod nri;
 pub mod observability;
 pub mod pressure;
 pub mod qos;
+pub mod table;

@@ -114,7 +114,8 @@ struct ExplainArgs {
 }
 
 fn run_explain(args: ExplainArgs) -> anyhow::Result<()> {
-    use nri_qos::qos::explain::{self, Driver, NodeSpec};
+    use nri_qos::explain::{self, NodeSpec};
+    use nri_qos::node::layout::Driver;
     use nri_qos::qos::quantity::{parse_bytes, parse_milli};
     let cfg = match &args.config {
         Some(p) => Config::load(p)?,

@@ -29,7 +29,8 @@ fn write_expected(root: &Path, p: &api::PodSandbox, c: &api::Container) {
         &Default::default(),
     );
     let spec = convert::container_from_wire(c).resources;
-    let dir = root.join(audit::container_cgroup_dir(&c.linux.cgroups_path).unwrap());
+    let dir =
+        root.join(nri_qos::node::layout::container_cgroup_dir(&c.linux.cgroups_path).unwrap());
     std::fs::create_dir_all(&dir).unwrap();
     let unified = |k: &str, default: &str| {
         d.adjustment

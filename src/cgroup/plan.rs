@@ -10,9 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde::Serialize;
-
-use super::layout::PodCgroups;
+use crate::node::cgroupfs::{Protection, PAGE_SIZE};
+use crate::node::layout::PodCgroups;
 
 /// Protection one pod's containers ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,49 +24,10 @@ pub struct PodProtection {
     pub kubelet: bool,
 }
 
-/// Who writes a value: decided once per cgroup (and only ever moved from
-/// nri-qos to the kubelet), so two writers never take turns on one file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Owner {
-    /// The kubelet's Memory QoS: never written, never drift.
-    Kubelet,
-    /// nri-qos sets it (container adjustment or the hierarchy keeper).
-    NriQos,
-    /// Left to the runtime as the CRI request had it.
-    Runtime,
-}
-
-impl Owner {
-    pub fn label(self) -> &'static str {
-        match self {
-            Owner::Kubelet => "kubelet",
-            Owner::NriQos => "nri-qos",
-            Owner::Runtime => "runtime",
-        }
-    }
-}
-
 /// A value that changed under us: not what we last wrote (or found and took
 /// as ours) and not what we would write now.
 pub fn foreign(current: Protection, ours: Option<Protection>, targets: &[Protection]) -> bool {
     current != Protection::default() && Some(current) != ours && !targets.contains(&current)
-}
-
-/// With no record of what we wrote (a restart, `audit`): more protection
-/// than our own policy gives the cgroup before any budget scaling is
-/// someone else's. Our earlier values never exceed it (scaling only lowers
-/// them), while the kubelet's exact requests exceed our estimates and its
-/// alpha memory.min sits where we would write memory.low.
-pub fn exceeds(current: Protection, ours_unscaled: Protection) -> bool {
-    current.min > ours_unscaled.min || current.low > ours_unscaled.low
-}
-
-/// Target memory.min / memory.low for one kubelet-owned cgroup.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Protection {
-    pub min: u64,
-    pub low: u64,
 }
 
 /// One file write, relative to the cgroup root.
@@ -87,11 +47,6 @@ pub struct Targets {
     pub budget: u64,
     pub scaled: bool,
 }
-
-/// The kernel keeps memory.min/low in whole pages (a write is rounded down),
-/// so targets are too: otherwise every pass would see a difference, rewrite,
-/// and `audit` would flag the rounding as drift.
-pub const PAGE_SIZE: u64 = 4096;
 
 /// Sums protection up the tree and caps it at `budget` bytes in total.
 /// When the requests exceed the budget every value is scaled down by the same
@@ -188,7 +143,7 @@ pub fn budget(mem_total: u64, reserve: u64, share: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup::layout::pod_cgroups;
+    use crate::node::layout::pod_cgroups;
     use proptest::prelude::*;
 
     const P: u64 = PAGE_SIZE;

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Pod as ApiObject;
 
 use crate::pressure::{PodInfo, RequestSource as MonitorSource};
-use crate::qos::explain::pod_qos;
+use crate::qos::pod::pod_qos;
 use crate::qos::pod::{container_memory_requests, pod_memory_request, ManifestError, Pod};
 use crate::qos::QosClass;
 

@@ -20,7 +20,6 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::proto::{api, api_ttrpc::RuntimeClient};
-use crate::pressure::act;
 use crate::pressure::throttle::{high_value, FileRelaxer, Relaxer, Sample};
 
 /// Bound on queued relax requests (bounded memory; a relax is rare).
@@ -152,7 +151,7 @@ async fn serve(mut rx: mpsc::Receiver<Request>) {
 }
 
 fn write(r: &Request) {
-    match act::write_file(&r.cgroup.join("memory.high"), &r.value) {
+    match crate::node::cgroupfs::write_file(&r.cgroup.join("memory.high"), &r.value) {
         Ok(()) => {
             info!(container = %r.container_id, memory_high = %r.value, "memory.high relaxed in the cgroup file")
         }

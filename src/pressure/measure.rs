@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use super::registry::RequestSource;
-use super::{stat, MonitorError, Paths};
+use super::{MonitorError, Paths};
+use crate::node::cgroupfs as stat;
 use crate::qos::QosClass;
 
 /// Node memory the kubelet way.

@@ -40,7 +40,6 @@ pub mod protect;
 pub mod psi;
 pub mod rank;
 pub mod registry;
-pub mod stat;
 pub mod throttle;
 pub mod tree;
 mod triggers;
@@ -64,10 +63,11 @@ use act::ProcessOps;
 use decide::{Decider, Plan, Reason, Verdict};
 use measure::limit_hits;
 use rank::{Candidate, RankPolicy, Ranking};
-use stat::ReadError;
-use tree::{Discovery, Driver};
+use tree::Discovery;
 use triggers::Triggers;
 
+use crate::node::cgroupfs::{self as stat, ReadError};
+use crate::node::layout::{find_kubepods, Driver};
 use crate::qos::QosClass;
 
 #[derive(Debug, thiserror::Error)]
@@ -375,7 +375,7 @@ impl Monitor {
     }
 
     pub fn kubepods(&self) -> Option<(PathBuf, Driver)> {
-        tree::find_kubepods(&self.paths.cgroup_root, &self.cfg.kubepods)
+        find_kubepods(&self.paths.cgroup_root, &self.cfg.kubepods)
     }
 
     /// Every pod under kubepods with its numbers, in UID order.
@@ -684,7 +684,7 @@ impl Monitor {
                 tracing::info!(pod = %c.uid, high, "dry-run: would lower memory.high");
                 continue;
             }
-            match act::write_file(&path, &high.to_string()) {
+            match stat::write_file(&path, &high.to_string()) {
                 Ok(()) => {
                     tracing::info!(pod = %c.uid, high, original = %original, "lowered memory.high until pressure ends");
                     self.lowered_high.insert(c.path.clone(), original);
@@ -696,7 +696,7 @@ impl Monitor {
 
     fn restore_high(&mut self) {
         for (cg, original) in self.lowered_high.drain() {
-            if let Err(e) = act::write_file(&cg.join("memory.high"), &original) {
+            if let Err(e) = stat::write_file(&cg.join("memory.high"), &original) {
                 tracing::debug!(error = %e, "cannot restore memory.high (pod gone?)");
             } else {
                 tracing::info!(path = %cg.display(), high = %original, "restored memory.high");

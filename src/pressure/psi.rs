@@ -12,8 +12,8 @@ use std::sync::mpsc::{SyncSender, TrySendError};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use super::stat::ReadError;
 use super::Wake;
+use crate::node::cgroupfs::{self as stat, ReadError};
 
 /// One line of a PSI file; averages are percentages, total is µs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -76,7 +76,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Psi, ReadError> {
 }
 
 pub fn read(path: &Path) -> Result<Psi, ReadError> {
-    parse(path, &super::stat::read(path)?)
+    parse(path, &stat::read(path)?)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -30,7 +30,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::config::HumanDuration;
-use super::{psi, stat, tree, MonitorError};
+use super::{psi, MonitorError};
+use crate::node::cgroupfs as stat;
+use crate::node::layout::{container_id, Driver};
 use crate::qos::QosClass;
 
 /// PSI avg10 is a 10 s exponential average: after relaxing, the stall it
@@ -456,24 +458,10 @@ fn decide(
     }
 }
 
-/// Container id from a container cgroup name: `cri-containerd-<id>.scope`,
-/// `crio-<id>.scope`, `docker-<id>.scope` (systemd) or `<id>` (cgroupfs).
-pub fn container_id(name: &str) -> &str {
-    let base = name.strip_suffix(".scope").unwrap_or(name);
-    base.rsplit('-').next().unwrap_or(base)
-}
-
 /// The cgroup of a QoS class's parent, where Burstable and BestEffort pods
 /// live. Guaranteed pods sit directly under kubepods and are never read.
-pub fn qos_parent(kubepods: &Path, driver: tree::Driver, class: QosClass) -> Option<PathBuf> {
-    let name = match (driver, class) {
-        (_, QosClass::Guaranteed) => return None,
-        (tree::Driver::Cgroupfs, QosClass::Burstable) => "burstable",
-        (tree::Driver::Cgroupfs, QosClass::BestEffort) => "besteffort",
-        (tree::Driver::Systemd, QosClass::Burstable) => "kubepods-burstable.slice",
-        (tree::Driver::Systemd, QosClass::BestEffort) => "kubepods-besteffort.slice",
-    };
-    Some(kubepods.join(name))
+pub fn qos_parent(kubepods: &Path, driver: Driver, class: QosClass) -> Option<PathBuf> {
+    driver.qos_dir(class).map(|name| kubepods.join(name))
 }
 
 /// `high` and `max` of a cgroup's `memory.events` (hierarchical: a pod's or
@@ -517,25 +505,6 @@ pub fn read_container(
     })
 }
 
-/// A container the guard relaxed, judged from the tree alone (so it holds
-/// across a restart of the plugin): its memory.high (`high`, as in the
-/// file) is its memory.max or `max`, while the policy wants `wanted`, a
-/// lower value. The policy leaves it so until the container restarts or is
-/// resized, and `audit` shows it instead of reporting drift.
-pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
-    let (wanted, high, max) = (wanted.trim(), high.trim(), max.trim());
-    wanted != high && wanted != "max" && (high == max || high == "max")
-}
-
-/// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
-pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-    match (read("memory.high"), read("memory.max")) {
-        (Some(high), Some(max)) => is_relaxed(wanted, &high, &max),
-        _ => false,
-    }
-}
-
 /// memory.high as written to the file: bytes, or "max".
 pub fn high_value(v: Option<u64>) -> String {
     v.map_or_else(|| "max".to_string(), |b| b.to_string())
@@ -556,7 +525,7 @@ pub struct FileRelaxer;
 
 impl Relaxer for FileRelaxer {
     fn relax(&self, s: &Sample) -> Result<&'static str, String> {
-        super::act::write_file(&s.path.join("memory.high"), &high_value(s.relax_value()))
+        stat::write_file(&s.path.join("memory.high"), &high_value(s.relax_value()))
             .map(|()| "cgroup-file")
             .map_err(|e| e.to_string())
     }
@@ -825,24 +794,6 @@ mod tests {
         });
         assert!(!d.contains(&Decision::Relax));
         assert!(matches!(d.last(), Some(Decision::Evict { .. })));
-    }
-
-    #[test]
-    fn throttle_relaxed_judged_from_the_tree() {
-        assert!(is_relaxed("247463936", "268435456\n", "268435456\n"));
-        assert!(is_relaxed("247463936", "max", "max"));
-        assert!(!is_relaxed("247463936", "247463936", "268435456"));
-        // Not ours to call relaxed: the policy wants no memory.high at all,
-        // or someone set another value.
-        assert!(!is_relaxed("max", "max", "max"));
-        assert!(!is_relaxed("247463936", "250000000", "268435456"));
-    }
-
-    #[test]
-    fn throttle_container_ids_from_cgroup_names() {
-        assert_eq!(container_id("cri-containerd-abc123.scope"), "abc123");
-        assert_eq!(container_id("crio-abc.scope"), "abc");
-        assert_eq!(container_id("abc123"), "abc123");
     }
 
     #[test]
