@@ -160,6 +160,7 @@ pub struct QosPlugin {
     registry: Arc<Mutex<Registry>>,
     counters: Mutex<Counters>,
     configured: watch::Sender<bool>,
+    synchronized: watch::Sender<bool>,
     changed: watch::Sender<u64>,
     warned_old_runtime: AtomicBool,
     metrics: Arc<Metrics>,
@@ -173,6 +174,14 @@ pub struct QosPlugin {
 /// and returns the `[policy]` and `plugin.dry-run` to use, or why the text
 /// is refused. The config layering owns it; the app wires it in.
 pub type DropInLayer = Arc<dyn Fn(&str) -> Result<(PolicyConfig, bool), String> + Send + Sync>;
+
+/// Waits until `flag` is true, or `limit` passed.
+async fn wait_for(flag: &watch::Sender<bool>, limit: Duration) -> bool {
+    let mut rx = flag.subscribe();
+    tokio::time::timeout(limit, rx.wait_for(|set| *set))
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A handler that panicked cannot leave these maps half-updated in a way
@@ -197,6 +206,7 @@ impl QosPlugin {
             })),
             counters: Mutex::new(Counters::default()),
             configured: watch::channel(false).0,
+            synchronized: watch::channel(false).0,
             changed: watch::channel(0).0,
             warned_old_runtime: AtomicBool::new(false),
             metrics: Arc::new(Metrics::new()),
@@ -257,15 +267,17 @@ impl QosPlugin {
         *lock(&self.runtime) = None;
         *lock(&self.sync) = SyncReassembler::default();
         self.configured.send_replace(false);
+        self.synchronized.send_replace(false);
     }
 
     /// Waits until Configure arrived, or `limit` passed.
     pub async fn wait_configured(&self, limit: Duration) -> bool {
-        let mut rx = self.configured.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|c| *c))
-            .await
-            .map(|r| r.is_ok())
-            .unwrap_or(false)
+        wait_for(&self.configured, limit).await
+    }
+
+    /// Waits until a whole Synchronize was answered, or `limit` passed.
+    pub async fn wait_synchronized(&self, limit: Duration) -> bool {
+        wait_for(&self.synchronized, limit).await
     }
 
     fn live(&self) -> LiveSettings {
@@ -757,6 +769,7 @@ impl Plugin for QosPlugin {
         };
         let update = self.finish_sync(whole);
         release_freed_memory();
+        self.synchronized.send_replace(true);
         Ok(api::SynchronizeResponse {
             update,
             ..Default::default()
@@ -993,6 +1006,31 @@ mod tests {
             proc_root: "/nonexistent".into(),
             cgroup_root: root.to_path_buf(),
         })
+    }
+
+    #[tokio::test]
+    async fn synchronized_is_said_once_the_last_chunk_is_answered_and_forgotten_on_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = plugin(dir.path());
+        let short = Duration::from_millis(10);
+        assert!(!p.wait_synchronized(short).await);
+        let chunk = |more| api::SynchronizeRequest {
+            more,
+            ..Default::default()
+        };
+        p.synchronize(&TtrpcContext::default(), chunk(true))
+            .await
+            .unwrap();
+        assert!(!p.wait_synchronized(short).await, "only a chunk so far");
+        p.synchronize(&TtrpcContext::default(), chunk(false))
+            .await
+            .unwrap();
+        assert!(p.wait_synchronized(short).await);
+        p.reset_session();
+        assert!(
+            !p.wait_synchronized(short).await,
+            "a new session syncs anew"
+        );
     }
 
     #[test]
