@@ -13,7 +13,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::facts::{self, PodFacts};
 use super::store::PodStore;
@@ -105,7 +105,17 @@ impl Kube {
                 what: "starting the API runtime",
                 source,
             })?;
-        let client = rt.block_on(client(&credentials))?;
+        // The kubeconfig is read here so its errors are the caller's; the
+        // client (TLS set-up) is built on the API thread: a pre-launched
+        // plugin must register within the runtime's timeout (containerd: 5 s
+        // from launch), and under emulation building it here made the
+        // plugin miss that in the VM test.
+        if let Credentials::Kubeconfig(path) = &credentials {
+            kube::config::Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
+                path: path.clone(),
+                source,
+            })?;
+        }
         let store = Arc::new(PodStore::default());
         let (tx, rx) = mpsc::channel(QUEUE);
         if let Some(m) = &metrics {
@@ -123,6 +133,13 @@ impl Kube {
             .name("nri-qos-kube".into())
             .spawn(move || {
                 rt.block_on(async move {
+                    let client = match client(&credentials).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            error!(error = %e, "Kubernetes API source not started; running on the runtime's pod facts alone");
+                            return;
+                        }
+                    };
                     let api = ApiThread {
                         client,
                         node_name,

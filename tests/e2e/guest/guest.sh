@@ -253,6 +253,10 @@ if [ "$kube_wanted" = 1 ]; then
     start_kube
     printf '[kubernetes]\nkubeconfig = "%s"\nnode-name = "e2e-node"\n' "$KUBECONFIG" >>/etc/nri-qos/nri-qos.toml
     kube_kubelet_standin &
+    # every 15 s: the guest is alive, and what eats its CPU and memory
+    (while sleep 15; do
+        info "kube heartbeat: load $(cut -d' ' -f1-3 /proc/loadavg), MemAvailable $(awk '/MemAvailable/ {print $2}' /proc/meminfo) kB; $(top -b -n 1 2>/dev/null | sed -n '5,9p' | awk '{print $7, $8, $NF}' | tr '\n' ';')"
+    done) &
 fi
 
 # crictl (and the CRI client) find the runtime through these.
