@@ -126,7 +126,8 @@ kube_kubelet_standin() {
         while read -r uid name deleted; do
             [ -n "$deleted" ] || continue
             for d in /sys/fs/cgroup/kubepods/pod"$uid" /sys/fs/cgroup/kubepods/*/pod"$uid"; do
-                [ -f "$d/cgroup.kill" ] && [ "$(cat "$d/cgroup.procs" 2>/dev/null | head -n 1)" ] || continue
+                # the pod cgroup's processes are in its containers' cgroups
+                grep -q '^populated 1' "$d/cgroup.events" 2>/dev/null || continue
                 echo 1 >"$d/cgroup.kill"
                 info "kubelet stand-in: pod $name marked for deletion at $deleted; killed its cgroup"
             done
@@ -536,7 +537,7 @@ kube_checks() {
         fi
     done
     # the monitor's decision on ev-over names the API server as the request's source
-    line="$(echo "$log" | grep -E 'killing pod|evicted pod through the API server' | grep 'name=ev-over' | head -n 1)"
+    line="$(echo "$log" | grep -E 'killing pod|evicted pod through the API server' | grep -E 'name="?ev-over' | head -n 1)"
     if echo "$line" | grep -q 'request_source=api-server'; then
         check kubeapi.monitor_request_source PASS "$(echo "$line" | grep -oE '(request|request_source|priority|signal)=[^ ]+' | tr '\n' ' ')"
     else
