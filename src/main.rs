@@ -284,7 +284,7 @@ fn run_monitor(args: nri_qos::pressure::cli::MonitorArgs) -> anyhow::Result<()> 
         .context("starting the async runtime")?;
     rt.block_on(async {
         tokio::select! {
-            r = pressure::run(cfg, paths, Arc::new(pressure::NoPods)) => r.context("monitor"),
+            r = pressure::run(cfg, paths, Arc::new(nri_qos::node::registry::NoPods)) => r.context("monitor"),
             _ = shutdown_signal() => Ok(()),
         }
     })
@@ -454,12 +454,7 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
             );
         }
         if cfg.plugin.with_monitor {
-            let pods = Arc::new(nri_qos::pressure::SharedRegistry::default());
-            tokio::spawn(nri_qos::nri::feed::feed_monitor(
-                plugin.registry(),
-                plugin.subscribe_changes(),
-                pods.clone(),
-            ));
+            let pods: Arc<dyn nri_qos::node::registry::PodRegistry> = plugin.registry();
             let paths = nri_qos::pressure::Paths {
                 cgroup_root: cfg.node.cgroup_root.clone(),
                 proc_root: cfg.node.proc_root.clone(),
@@ -469,13 +464,13 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
             let metrics = cfg.metrics.enabled.then(|| plugin.metrics());
             // The API server's facts (exact request, priority, static pods)
             // first; the runtime's for pods it does not know (yet).
-            let registry: Arc<dyn nri_qos::pressure::PodRegistry> = match &kube {
-                Some(k) => Arc::new(nri_qos::pressure::registry::Layered(vec![k.store(), pods])),
+            let registry: Arc<dyn nri_qos::node::registry::PodRegistry> = match &kube {
+                Some(k) => Arc::new(nri_qos::node::registry::Layered(vec![k.store(), pods])),
                 None => pods,
             };
             let cluster = kube
                 .clone()
-                .map(|k| Arc::new(k) as Arc<dyn nri_qos::pressure::cluster::ClusterEvictions>);
+                .map(|k| Arc::new(k) as Arc<dyn nri_qos::node::cluster::ClusterEvictions>);
             let (relaxer, relax_task) = nri_qos::nri::relax::relaxer();
             tokio::spawn(relax_task);
             tokio::spawn(async move {

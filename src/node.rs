@@ -6,6 +6,9 @@ use thiserror::Error;
 
 use crate::qos::NodeFacts;
 
+pub mod cluster;
+pub mod registry;
+
 #[derive(Debug, Error)]
 pub enum NodeError {
     #[error("cannot read {path}")]

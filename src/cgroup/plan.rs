@@ -10,8 +10,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use serde::Serialize;
-
 use super::layout::PodCgroups;
 
 /// Protection one pod's containers ask for.
@@ -25,28 +23,7 @@ pub struct PodProtection {
     pub kubelet: bool,
 }
 
-/// Who writes a value: decided once per cgroup (and only ever moved from
-/// nri-qos to the kubelet), so two writers never take turns on one file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Owner {
-    /// The kubelet's Memory QoS: never written, never drift.
-    Kubelet,
-    /// nri-qos sets it (container adjustment or the hierarchy keeper).
-    NriQos,
-    /// Left to the runtime as the CRI request had it.
-    Runtime,
-}
-
-impl Owner {
-    pub fn label(self) -> &'static str {
-        match self {
-            Owner::Kubelet => "kubelet",
-            Owner::NriQos => "nri-qos",
-            Owner::Runtime => "runtime",
-        }
-    }
-}
+pub use crate::node::registry::Owner;
 
 /// A value that changed under us: not what we last wrote (or found and took
 /// as ours) and not what we would write now.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use super::facts::PodFacts;
-use crate::pressure::{PodInfo, PodRegistry};
+use crate::node::registry::{PodInfo, PodRegistry};
 
 #[derive(Debug, Default)]
 pub struct PodStore {

@@ -23,8 +23,9 @@ use super::proto::api_ttrpc::Plugin;
 use super::reassembly::{Complete, SyncReassembler};
 use crate::cgroup::keeper::read_protection;
 use crate::cgroup::layout::pod_cgroups;
-use crate::cgroup::plan::{Owner, Protection, PAGE_SIZE};
+use crate::cgroup::plan::{Protection, PAGE_SIZE};
 use crate::metrics::Metrics;
+use crate::node::registry::{ContainerRecord, Owner, PodRecord, Registry, SharedRegistry};
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
 fn class_label(c: QosClass) -> &'static str {
@@ -82,58 +83,6 @@ pub struct RuntimeInfo {
     pub applies_oom_score_adj: bool,
 }
 
-/// A pod as the runtime described it.
-#[derive(Debug, Clone)]
-pub struct PodRecord {
-    pub id: String,
-    pub facts: qos::PodFacts,
-}
-
-/// A container and what the policy decided for it.
-#[derive(Debug, Clone)]
-pub struct ContainerRecord {
-    pub id: String,
-    pub pod_id: String,
-    pub name: String,
-    pub class: QosClass,
-    pub memory_request: Option<u64>,
-    pub request_source: qos::RequestSource,
-    /// memory.min / memory.low we asked the runtime to set (bytes).
-    pub memory_min: u64,
-    pub memory_low: u64,
-    /// It came with the kubelet's Memory QoS (its keys, or its pod's cgroup
-    /// was the kubelet's): the pod's protection is the kubelet's.
-    pub kubelet_memory_qos: bool,
-    pub oom_score_adj: Option<i64>,
-    pub cgroups_path: String,
-}
-
-/// The runtime's view of pods and containers, rebuilt on every Synchronize.
-/// The hierarchy keeper and the pressure monitor read it.
-#[derive(Debug)]
-pub struct Registry {
-    pub pods: HashMap<String, PodRecord>,
-    pub containers: HashMap<String, ContainerRecord>,
-    /// Who owns each pod/QoS/kubepods cgroup's protection, decided once by
-    /// the plugin (a pod the kubelet protected before its sandbox) or the
-    /// hierarchy keeper; kept across Synchronize.
-    pub owners: HashMap<PathBuf, Owner>,
-    /// `[policy] kubelet-memory-qos` as in force (the runtime's drop-in may
-    /// set it after start), for the keeper.
-    pub kubelet_memory_qos: qos::KubeletMemoryQos,
-}
-
-impl Default for Registry {
-    fn default() -> Self {
-        Registry {
-            pods: HashMap::new(),
-            containers: HashMap::new(),
-            owners: HashMap::new(),
-            kubelet_memory_qos: qos::KubeletMemoryQos::Auto,
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 struct LiveSettings {
     policy: Arc<PolicyConfig>,
@@ -158,7 +107,7 @@ pub struct QosPlugin {
     live: RwLock<LiveSettings>,
     runtime: Mutex<Option<RuntimeInfo>>,
     sync: Mutex<SyncReassembler>,
-    registry: Arc<Mutex<Registry>>,
+    registry: SharedRegistry,
     counters: Mutex<Counters>,
     configured: watch::Sender<bool>,
     changed: watch::Sender<u64>,
@@ -220,7 +169,7 @@ impl QosPlugin {
     }
 
     /// The shared registry of pods and containers.
-    pub fn registry(&self) -> Arc<Mutex<Registry>> {
+    pub fn registry(&self) -> SharedRegistry {
         self.registry.clone()
     }
 
@@ -360,13 +309,8 @@ impl QosPlugin {
             cgroups_path: facts.cgroups_path.clone(),
         };
         let mut reg = lock(&self.registry);
-        reg.pods.insert(
-            pod.id.clone(),
-            PodRecord {
-                id: pod.id.clone(),
-                facts: pod_facts,
-            },
-        );
+        reg.pods
+            .insert(pod.id.clone(), pod_record(&pod.id, &pod_facts));
         reg.containers.insert(container.id.clone(), record);
         drop(reg);
         self.notify_changed();
@@ -540,10 +484,7 @@ impl QosPlugin {
             lock(&self.registry)
                 .pods
                 .entry(p.id.clone())
-                .or_insert_with(|| PodRecord {
-                    id: p.id.clone(),
-                    facts: convert::pod_from_wire(p),
-                });
+                .or_insert_with(|| pod_record(&p.id, &convert::pod_from_wire(p)));
         }
         let mut updates = Vec::new();
         for (i, c) in buf.containers.iter().enumerate() {
@@ -591,6 +532,17 @@ impl QosPlugin {
             );
         }
         updates
+    }
+}
+
+/// What the registry keeps of a pod the runtime described.
+fn pod_record(id: &str, facts: &qos::PodFacts) -> PodRecord {
+    PodRecord {
+        id: id.to_string(),
+        uid: facts.uid.clone(),
+        namespace: facts.namespace.clone(),
+        name: facts.name.clone(),
+        cgroup_parent: facts.cgroup_parent.clone(),
     }
 }
 
@@ -863,15 +815,9 @@ impl Plugin for QosPlugin {
             Ok(api::Event::RUN_POD_SANDBOX) => {
                 let facts = convert::pod_from_wire(&req.pod);
                 self.kubelet_owns_pod(&req.pod.id, &facts, &self.live().policy);
-                let mut reg = lock(&self.registry);
-                reg.pods.insert(
-                    req.pod.id.clone(),
-                    PodRecord {
-                        id: req.pod.id.clone(),
-                        facts: convert::pod_from_wire(&req.pod),
-                    },
-                );
-                drop(reg);
+                lock(&self.registry)
+                    .pods
+                    .insert(req.pod.id.clone(), pod_record(&req.pod.id, &facts));
                 self.notify_changed();
             }
             other => debug!(event = ?other, "state change ignored"),

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::config::{HumanDuration, MonitorConfig, Quantity};
-use super::{act, registry::NoPods, Monitor, MonitorError, Paths};
+use super::{act, Monitor, MonitorError, Paths};
+use crate::node::registry::NoPods;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use super::registry::RequestSource;
 use super::{stat, MonitorError, Paths};
+use crate::node::registry::RequestSource;
 use crate::qos::QosClass;
 
 /// Node memory the kubelet way.

@@ -31,7 +31,6 @@
 
 pub mod act;
 pub mod cli;
-pub mod cluster;
 pub mod config;
 pub mod decide;
 mod guard;
@@ -39,7 +38,6 @@ pub mod measure;
 pub mod protect;
 pub mod psi;
 pub mod rank;
-pub mod registry;
 pub mod stat;
 pub mod throttle;
 pub mod tree;
@@ -58,8 +56,9 @@ pub use measure::{
     cgroup_working_set, derive_request, measure, measure_node, NodeMemory, POD_USAGE_SOURCE,
     WS_MEMINFO, WS_ROOT_STAT,
 };
-pub use registry::{NoPods, PodInfo, PodRegistry, RequestSource, SharedRegistry};
 
+use crate::node::cluster;
+use crate::node::registry::PodRegistry;
 use act::ProcessOps;
 use decide::{Decider, Plan, Reason, Verdict};
 use measure::limit_hits;
