@@ -471,7 +471,8 @@ fn run_plugin(args: RunArgs) -> anyhow::Result<()> {
             let cluster = kube
                 .clone()
                 .map(|k| Arc::new(k) as Arc<dyn nri_qos::node::cluster::ClusterEvictions>);
-            let (relaxer, relax_task) = nri_qos::nri::relax::relaxer();
+            let (relaxer, relax_task) =
+                nri_qos::nri::relax::relaxer(Arc::new(nri_qos::pressure::throttle::FileRelaxer));
             tokio::spawn(relax_task);
             tokio::spawn(async move {
                 if let Err(e) = nri_qos::pressure::run_in_plugin(

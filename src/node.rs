@@ -8,6 +8,7 @@ use crate::qos::NodeFacts;
 
 pub mod cluster;
 pub mod registry;
+pub mod relax;
 
 #[derive(Debug, Error)]
 pub enum NodeError {

@@ -59,6 +59,7 @@ pub use measure::{
 
 use crate::node::cluster;
 use crate::node::registry::PodRegistry;
+use crate::node::relax::Relaxer;
 use act::ProcessOps;
 use decide::{Decider, Plan, Reason, Verdict};
 use measure::limit_hits;
@@ -232,7 +233,7 @@ pub struct Monitor {
     /// The per-container memory.high throttle guard and its cheap filter.
     guard: throttle::Guard,
     throttle_filter: throttle::Filter,
-    relaxer: Arc<dyn throttle::Relaxer>,
+    relaxer: Arc<dyn Relaxer>,
     /// Evictions through the API server, when it is configured.
     cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
 }
@@ -288,7 +289,7 @@ impl Monitor {
 
     /// Relaxes memory.high through `relaxer` (the plugin's NRI session)
     /// instead of writing the cgroup file.
-    pub fn with_relaxer(mut self, relaxer: Arc<dyn throttle::Relaxer>) -> Self {
+    pub fn with_relaxer(mut self, relaxer: Arc<dyn Relaxer>) -> Self {
         self.relaxer = relaxer;
         self
     }
@@ -1082,7 +1083,7 @@ pub async fn run_in_plugin(
     pods: Arc<dyn PodRegistry>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
     cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
-    relaxer: Arc<dyn throttle::Relaxer>,
+    relaxer: Arc<dyn Relaxer>,
 ) -> Result<(), MonitorError> {
     cfg.validate()?;
     if cfg.lock_memory {

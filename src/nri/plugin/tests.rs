@@ -1,0 +1,142 @@
+use super::*;
+
+#[test]
+fn a_drop_in_overrides_only_the_keys_it_sets() {
+    use crate::qos::{Reservation, WeightConversion};
+    let base = PolicyConfig {
+        memory_reservation: Reservation::Min,
+        memory_throttling_factor: 0.8,
+        ..Default::default()
+    };
+    let (p, dry) = layer_drop_in(&base, true, "[policy]\ncpu-weight = \"linear\"\n").unwrap();
+    assert_eq!(p.cpu_weight, WeightConversion::Linear);
+    assert_eq!(p.memory_reservation, Reservation::Min, "kept from the file");
+    assert_eq!(p.memory_throttling_factor, 0.8);
+    assert!(dry, "dry-run kept when the drop-in does not say");
+    let (_, dry) = layer_drop_in(&base, true, "[plugin]\ndry-run = false\n").unwrap();
+    assert!(!dry);
+    assert!(
+        layer_drop_in(&base, false, "[policy]\ncpu-wieght = \"linear\"\n")
+            .unwrap_err()
+            .contains("cpu-wieght")
+    );
+    assert!(layer_drop_in(&base, false, "[policy]\nmemory-throttling-factor = 7.0\n").is_err());
+}
+
+fn kubelet_pod(root: &std::path::Path, id: &str, low: u64) -> api::PodSandbox {
+    let cg = root.join(format!("kubepods/burstable/pod{id}"));
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("memory.min"), "0").unwrap();
+    std::fs::write(cg.join("memory.low"), low.to_string()).unwrap();
+    let mut linux = api::LinuxPodSandbox::new();
+    linux.cgroup_parent = format!("/kubepods/burstable/pod{id}");
+    api::PodSandbox {
+        id: id.into(),
+        name: id.into(),
+        linux: protobuf::MessageField::some(linux),
+        ..Default::default()
+    }
+}
+
+/// A Burstable 64Mi → 512Mi container as containerd < 2.2 shows it: no
+/// `unified`, the kubelet's oom_score_adj (997 on 16 GiB).
+fn hidden_container(id: &str, pod: &str) -> api::Container {
+    let mut mem = api::LinuxMemory::new();
+    mem.limit = protobuf::MessageField::some(api::OptionalInt64 {
+        value: 512 << 20,
+        ..Default::default()
+    });
+    let mut res = api::LinuxResources::new();
+    res.memory = protobuf::MessageField::some(mem);
+    let mut linux = api::LinuxContainer::new();
+    linux.resources = protobuf::MessageField::some(res);
+    linux.oom_score_adj = protobuf::MessageField::some(api::OptionalInt {
+        value: 997,
+        ..Default::default()
+    });
+    api::Container {
+        id: id.into(),
+        pod_sandbox_id: pod.into(),
+        name: "app".into(),
+        state: protobuf::EnumOrUnknown::new(api::ContainerState::CONTAINER_RUNNING),
+        linux: protobuf::MessageField::some(linux),
+        ..Default::default()
+    }
+}
+
+fn plugin(root: &std::path::Path) -> QosPlugin {
+    QosPlugin::new(PluginSettings {
+        policy: PolicyConfig::default(),
+        node: NodeFacts {
+            memory_capacity: 16 << 30,
+            memory_allocatable: 15 << 30,
+            page_size: 4096,
+            cgroup_v2: true,
+        },
+        dry_run: false,
+        adjust_existing: true,
+        proc_root: "/nonexistent".into(),
+        cgroup_root: root.to_path_buf(),
+    })
+}
+
+#[test]
+fn a_pod_the_kubelet_protected_before_its_sandbox_keeps_the_kubelets_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plugin(dir.path());
+    let policy = p.live().policy;
+    // First sight (RunPodSandbox): the kubelet's memory.low is already there.
+    let kp = kubelet_pod(dir.path(), "k", 64 << 20);
+    assert!(p.kubelet_owns_pod("k", &convert::pod_from_wire(&kp), &policy));
+    let d = p.decide_and_record(&kp, &hidden_container("c1", "k"), None);
+    for key in ["memory.min", "memory.low", "memory.high"] {
+        assert!(!d.adjustment.unified.contains_key(key), "{key}: {d:?}");
+    }
+    assert!(lock(&p.registry).containers["c1"].kubelet_memory_qos);
+    // A pod with nothing in its cgroup is ours, as before.
+    let ours = kubelet_pod(dir.path(), "n", 0);
+    assert!(!p.kubelet_owns_pod("n", &convert::pod_from_wire(&ours), &policy));
+    let d = p.decide_and_record(&ours, &hidden_container("c2", "n"), None);
+    assert!(d.adjustment.unified.contains_key("memory.low"), "{d:?}");
+
+    // A restarted plugin reaches the same decision from the tree: the
+    // kubelet's 64Mi is above our 49.2Mi estimate; our own value is not.
+    std::fs::write(
+        dir.path().join("kubepods/burstable/podn/memory.low"),
+        "51380224",
+    )
+    .unwrap();
+    let p2 = plugin(dir.path());
+    let updates = p2.finish_sync(Complete {
+        snapshot: super::super::reassembly::Snapshot {
+            pods: vec![kp, ours],
+            containers: vec![hidden_container("c1", "k"), hidden_container("c2", "n")],
+        },
+        ..Default::default()
+    });
+    let reg = lock(&p2.registry);
+    assert!(reg.containers["c1"].kubelet_memory_qos);
+    assert!(!reg.containers["c2"].kubelet_memory_qos);
+    assert_eq!(reg.owners.len(), 1, "{:?}", reg.owners);
+    drop(reg);
+    let touched: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
+    assert!(
+        updates.iter().filter(|u| u.container_id == "c1").all(|u| u
+            .linux
+            .resources
+            .as_ref()
+            .is_none_or(
+                |r| !r.unified.contains_key("memory.low") && !r.unified.contains_key("memory.high")
+            )),
+        "{touched:?}"
+    );
+}
+
+#[test]
+fn event_mask_is_accepted_by_nri_v0_6_runtimes() {
+    assert_eq!(EVENTS & !0x7FF, 0, "mask {EVENTS:#x}");
+    // CreateContainer, UpdateContainer and PostStartContainer are the ones we act on.
+    assert_ne!(EVENTS & 0x8, 0);
+    assert_ne!(EVENTS & 0x80, 0);
+    assert_ne!(EVENTS & 0x40, 0);
+}
