@@ -1,5 +1,6 @@
 //! The ttrpc Plugin service: each runtime request handed to the plugin.
 
+use super::record::pod_record;
 use super::*;
 
 /// A node-sized Synchronize decodes megabytes that are garbage right after;

@@ -5,7 +5,7 @@ use super::*;
 
 impl QosPlugin {
     /// Runs the policy for one container and records the result.
-    fn decide_and_record(
+    pub(super) fn decide_and_record(
         &self,
         pod: &api::PodSandbox,
         container: &api::Container,
@@ -78,7 +78,12 @@ impl QosPlugin {
     /// plugin first sees the pod, protection already in its cgroup is the
     /// kubelet's (it writes it before creating the sandbox; we only write a
     /// pod after we know it); later the keeper's decision stands.
-    fn kubelet_owns_pod(&self, pod_id: &str, pod: &qos::PodFacts, policy: &PolicyConfig) -> bool {
+    pub(super) fn kubelet_owns_pod(
+        &self,
+        pod_id: &str,
+        pod: &qos::PodFacts,
+        policy: &PolicyConfig,
+    ) -> bool {
         if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !self.settings.node.cgroup_v2
         {
             return false;
@@ -115,7 +120,7 @@ impl QosPlugin {
     /// and its containers must not get ours in this Synchronize either.
     fn recover_pod_owners(
         &self,
-        buf: &super::reassembly::Snapshot,
+        buf: &crate::nri::reassembly::Snapshot,
         pods: &HashMap<&str, &api::PodSandbox>,
     ) {
         let policy = self.live().policy;
@@ -165,7 +170,7 @@ impl QosPlugin {
         }
     }
 
-    fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
+    pub(super) fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
         let buf = whole.snapshot;
         let mut skipped = 0usize;
         {
@@ -239,7 +244,7 @@ impl QosPlugin {
 }
 
 /// What the registry keeps of a pod the runtime described.
-fn pod_record(id: &str, facts: &qos::PodFacts) -> PodRecord {
+pub(super) fn pod_record(id: &str, facts: &qos::PodFacts) -> PodRecord {
     PodRecord {
         id: id.to_string(),
         uid: facts.uid.clone(),
