@@ -239,6 +239,14 @@ pub trait PodRegistry: Send + Sync {
     fn get(&self, uid: &str) -> Option<PodInfo>;
 }
 
+/// A container's exact memory request from its pod spec, for the plugin's
+/// policy (the optional Kubernetes source implements it). Cheap and
+/// non-blocking: the plugin asks from inside a runtime hook.
+pub trait ContainerRequests: Send + Sync {
+    /// `None` when the pod (by runtime UID) or the container is not known.
+    fn container_request(&self, pod_uid: &str, container: &str) -> Option<u64>;
+}
+
 /// No metadata at all (standalone `nri-qos monitor`).
 #[derive(Debug, Default)]
 pub struct NoPods;

@@ -25,7 +25,9 @@ use crate::cgroup::keeper::read_protection;
 use crate::cgroup::layout::pod_cgroups;
 use crate::cgroup::plan::{Protection, PAGE_SIZE};
 use crate::metrics::Metrics;
-use crate::node::registry::{ContainerRecord, Owner, PodRecord, Registry, SharedRegistry};
+use crate::node::registry::{
+    ContainerRecord, ContainerRequests, Owner, PodRecord, Registry, SharedRegistry,
+};
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
 mod handlers;
@@ -122,7 +124,7 @@ pub struct QosPlugin {
     warned_old_runtime: AtomicBool,
     metrics: Arc<Metrics>,
     /// This node's pods from the API server, when that source runs.
-    api_pods: Option<Arc<crate::kube::PodStore>>,
+    api_pods: Option<Arc<dyn ContainerRequests>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -157,7 +159,7 @@ impl QosPlugin {
 
     /// Exact requests from the API server's pod specs ahead of what the
     /// CRI values let us recover. The hooks read the snapshot only.
-    pub fn with_api_pods(mut self, store: Arc<crate::kube::PodStore>) -> Self {
+    pub fn with_api_pods(mut self, store: Arc<dyn ContainerRequests>) -> Self {
         self.api_pods = Some(store);
         self
     }

@@ -16,8 +16,8 @@ impl QosPlugin {
         if let Some(r) = resources_override {
             facts.resources = convert::resources_from_wire(r);
         }
-        if let Some(api) = self.api_pods.as_ref().and_then(|s| s.get(&pod_facts.uid)) {
-            facts.api_memory_request = api.container_request(&facts.name);
+        if let Some(api) = &self.api_pods {
+            facts.api_memory_request = api.container_request(&pod_facts.uid, &facts.name);
         }
         let started = Instant::now();
         let policy = self.live().policy;
