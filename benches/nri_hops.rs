@@ -17,6 +17,9 @@
 //! every 10,000 calls and a reconnect every 100,000, printing the plugin's
 //! RSS at start, end and its maximum (sampled every 1,000 calls).
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/common/mod.rs"]
 mod common;
 

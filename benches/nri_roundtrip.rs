@@ -21,6 +21,9 @@
 //! print nri-qos's own handler-time histogram from its metrics endpoint,
 //! which serves on the plugin's one thread: nri-qos only).
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/common/mod.rs"]
 mod common;
 

@@ -9,6 +9,9 @@
 //! of reading `memory.stat` is left out here and measured on a real kernel
 //! by `scripts/bench-pressure.sh` (wake-up -> kill issued).
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;

@@ -25,6 +25,9 @@
 //! and hangs; the exit status is 1 when there were any.
 //! `/proc` is a temp directory here, so no real process is ever touched.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::Write as _;

@@ -16,6 +16,20 @@ step "format and lint"
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
 
+# Supply chain (deny.toml): licenses, banned/duplicate crates, crates.io as the
+# only source. cargo-deny is pinned (0.20.2 needs Rust >= 1.88) and built once
+# per machine into a cache outside the checkout, then reused while the pin
+# holds. The build takes 202 s of CPU: about 2-3.5 min wall on an idle 2-core
+# machine (18.7 min measured on one shared with six other builds). The advisories check needs a host
+# CI cannot reach (deny.toml says more).
+CARGO_DENY_VERSION=0.20.2
+TOOLS="${NRI_QOS_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/nri-qos/tools}"
+step "supply chain (cargo-deny $CARGO_DENY_VERSION: licenses bans sources)"
+if [ "$("$TOOLS/bin/cargo-deny" --version 2>/dev/null || true)" != "cargo-deny $CARGO_DENY_VERSION" ]; then
+  cargo install --locked --root "$TOOLS" cargo-deny --version "$CARGO_DENY_VERSION"
+fi
+PATH="$TOOLS/bin:$PATH" cargo deny --locked check licenses bans sources
+
 export NRI_QOS_E2E="${NRI_QOS_E2E:-1}"
 if [ "$NRI_QOS_E2E" = 1 ]; then
   # The VM tests use the debug binaries cargo test builds anyway: a release

@@ -18,11 +18,10 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 use ttrpc::r#async::TtrpcContext;
 
-use crate::cgroup::keeper::read_protection;
-use crate::cgroup::layout::pod_cgroups;
-use crate::cgroup::plan::{self, Owner, PodProtection};
+use crate::cgroup::plan::{self, PodProtection};
 use crate::cgroup::HierarchyConfig;
-pub use crate::node::{container_cgroup_dir, systemd_slice_path};
+use crate::node::cgroupfs::{exceeds, read_protection, read_trimmed, relaxed_in_tree, Owner};
+use crate::node::layout::{container_cgroup_dir, pod_cgroups};
 use crate::nri::convert;
 use crate::nri::proto::{api, api_ttrpc};
 use crate::nri::reassembly::SyncReassembler;
@@ -169,12 +168,6 @@ pub struct AuditReport {
     pub drift: usize,
 }
 
-fn read_trimmed(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
 fn check(key: &str, expected: String, actual: Option<String>) -> Check {
     let actual = actual.unwrap_or_else(|| "(unreadable)".into());
     Check {
@@ -184,12 +177,6 @@ fn check(key: &str, expected: String, actual: Option<String>) -> Check {
         actual,
         owner: Owner::NriQos,
     }
-}
-
-/// memory.high raised to memory.max by the monitor's throttle guard: not
-/// drift, the policy leaves it so until the container restarts or is resized.
-fn relaxed(want: &str, dir: &Path) -> bool {
-    crate::pressure::throttle::relaxed_in_tree(dir, want)
 }
 
 /// A value the policy does not claim: reported, not judged.
@@ -228,10 +215,10 @@ pub fn audit(
     let mut kubelet_pods: HashMap<&str, bool> = HashMap::new();
     for p in &snap.pods {
         let on_disk = pod_cgroups(&p.linux.cgroup_parent)
-            .map(|cg| read_protection(cgroup_root, &cg.pod))
+            .map(|cg| read_protection(&cgroup_root.join(&cg.pod)))
             .unwrap_or_default();
         let mine = ours.get(p.id.as_str()).copied().unwrap_or_default();
-        let tree = auto && node.cgroup_v2 && plan::exceeds(on_disk, mine);
+        let tree = auto && node.cgroup_v2 && exceeds(on_disk, mine);
         kubelet_pods.insert(p.id.as_str(), tree);
     }
     for c in &snap.containers {
@@ -314,16 +301,21 @@ pub fn audit(
                         d.adjustment.unified.get(key),
                         facts.resources.unified.get(key),
                     ) {
-                        (Some(want), _) if key == "memory.high" && relaxed(want, &dir) => Check {
-                            key: key.into(),
-                            expected: Some(want.clone()),
-                            actual: format!(
-                                "{} (relaxed by the throttle guard)",
-                                file(key).unwrap_or_default()
-                            ),
-                            ok: true,
-                            owner: Owner::NriQos,
-                        },
+                        // memory.high raised to memory.max by the monitor's throttle
+                        // guard: not drift, the policy leaves it so until the
+                        // container restarts or is resized.
+                        (Some(want), _) if key == "memory.high" && relaxed_in_tree(&dir, want) => {
+                            Check {
+                                key: key.into(),
+                                expected: Some(want.clone()),
+                                actual: format!(
+                                    "{} (relaxed by the throttle guard)",
+                                    file(key).unwrap_or_default()
+                                ),
+                                ok: true,
+                                owner: Owner::NriQos,
+                            }
+                        }
                         (Some(want), _) => check(key, want.clone(), file(key)),
                         // The kubelet's value as it sent it: never replaced, so it must be there.
                         (None, Some(sent)) => {
@@ -368,7 +360,7 @@ pub fn audit(
                 let cgroups = pod_cgroups(&p.linux.cgroup_parent)?;
                 let kubelet = explicit || kubelet_pods.get(p.id.as_str()).copied().unwrap_or(false);
                 let (min, low) = if kubelet {
-                    let on_disk = read_protection(cgroup_root, &cgroups.pod);
+                    let on_disk = read_protection(&cgroup_root.join(&cgroups.pod));
                     (on_disk.min, on_disk.low)
                 } else {
                     protection.get(p.id.as_str()).copied().unwrap_or_default()
@@ -461,18 +453,7 @@ pub fn render_table(r: &AuditReport) -> String {
             ]);
         }
     }
-    let widths: Vec<usize> = (0..7)
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    for row in rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
+    out.push_str(&crate::table::aligned(&rows));
     for s in &r.skipped {
         out.push_str(&format!("skipped: {s}\n"));
     }
@@ -483,39 +464,4 @@ pub fn render_table(r: &AuditReport) -> String {
         r.drift
     ));
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cgroup_dirs_for_both_drivers() {
-        assert_eq!(
-            container_cgroup_dir("/kubepods/burstable/poda/abc"),
-            Some(PathBuf::from("kubepods/burstable/poda/abc"))
-        );
-        assert_eq!(
-            container_cgroup_dir("kubepods-burstable-pod1.slice:cri-containerd:abc"),
-            Some(PathBuf::from(
-                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope"
-            ))
-        );
-        assert_eq!(container_cgroup_dir(""), None);
-        assert_eq!(container_cgroup_dir("a:b"), None);
-    }
-
-    #[test]
-    fn cgroup_dirs_never_leave_the_root() {
-        for p in [
-            "/kubepods/burstable/poda/../../../../etc",
-            "..",
-            "/",
-            "kubepods/x\0y",
-            "kubepods-burstable-pod1.slice:cri-containerd:../../../etc",
-            "kubepods-../../x.slice:cri-containerd:abc",
-        ] {
-            assert_eq!(container_cgroup_dir(p), None, "{p:?}");
-        }
-    }
 }

@@ -6,9 +6,11 @@
 //! policy, `cgroup` keeps the pod/QoS-level hierarchy, `pressure` watches the
 //! node and evicts.
 
+pub mod app;
 pub mod audit;
 pub mod cgroup;
 pub mod config;
+pub mod explain;
 pub mod kube;
 pub mod metrics;
 pub mod node;
@@ -16,3 +18,4 @@ pub mod nri;
 pub mod observability;
 pub mod pressure;
 pub mod qos;
+pub mod table;

@@ -1,10 +1,34 @@
-//! Facts about the node read once at start (paths injected for tests).
+//! The ground floor: facts about the node read once at start (paths
+//! injected for tests), the QoS class, the kubelet's cgroup layout
+//! ([`layout`]) and reading/writing cgroup files ([`cgroupfs`]). Imports
+//! nothing of ours.
 
 use std::path::{Component, Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::qos::NodeFacts;
+pub mod cgroupfs;
+pub mod layout;
+
+/// Kubernetes QoS class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum QosClass {
+    Guaranteed,
+    Burstable,
+    BestEffort,
+}
+
+/// Facts about the node the policy needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// MemTotal in bytes (the kubelet's machineInfo.MemoryCapacity).
+    pub memory_capacity: u64,
+    /// Node allocatable memory in bytes (base of memory.high without a limit).
+    pub memory_allocatable: u64,
+    pub page_size: u64,
+    pub cgroup_v2: bool,
+}
 
 pub mod cluster;
 pub mod registry;
@@ -60,39 +84,6 @@ pub fn relative_inside(rel: impl AsRef<Path>) -> Result<PathBuf, UnsafePath> {
 /// (see [`relative_inside`]).
 pub fn join_inside(root: &Path, rel: impl AsRef<Path>) -> Result<PathBuf, UnsafePath> {
     relative_inside(rel).map(|r| root.join(r))
-}
-
-/// The container's cgroup directory, relative to the cgroup root, from the
-/// runtime's cgroups path: `/parent/id` (cgroupfs) or `slice:prefix:id`
-/// (systemd). `None` for anything else, including paths that would leave
-/// the root (`..`, NUL).
-pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
-    let parts: Vec<&str> = cgroups_path.split(':').collect();
-    let rel = match parts.as_slice() {
-        [path] if !path.is_empty() => PathBuf::from(path),
-        [slice, prefix, id] if slice.ends_with(".slice") && !id.is_empty() => {
-            systemd_slice_path(slice).join(format!("{prefix}-{id}.scope"))
-        }
-        _ => return None,
-    };
-    relative_inside(rel)
-        .ok()
-        .filter(|r| !r.as_os_str().is_empty())
-}
-
-/// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
-pub fn systemd_slice_path(slice: &str) -> PathBuf {
-    let name = slice.strip_suffix(".slice").unwrap_or(slice);
-    let mut path = PathBuf::new();
-    let mut prefix = String::new();
-    for part in name.split('-') {
-        if !prefix.is_empty() {
-            prefix.push('-');
-        }
-        prefix.push_str(part);
-        path.push(format!("{prefix}.slice"));
-    }
-    path
 }
 
 /// MemTotal in bytes from a /proc/meminfo text.

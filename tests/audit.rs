@@ -1,6 +1,9 @@
 //! `audit` end to end on a fake runtime and a temp cgroup tree: the snapshot
 //! comes over a real NRI session, the values from files shaped like cgroupfs.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;
@@ -29,7 +32,8 @@ fn write_expected(root: &Path, p: &api::PodSandbox, c: &api::Container) {
         &Default::default(),
     );
     let spec = convert::container_from_wire(c).resources;
-    let dir = root.join(audit::container_cgroup_dir(&c.linux.cgroups_path).unwrap());
+    let dir =
+        root.join(nri_qos::node::layout::container_cgroup_dir(&c.linux.cgroups_path).unwrap());
     std::fs::create_dir_all(&dir).unwrap();
     let unified = |k: &str, default: &str| {
         d.adjustment

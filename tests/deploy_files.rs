@@ -1,6 +1,9 @@
 //! Every file under `config/` (except the policy's `nri-qos.toml`, tested
 //! with the policy) parses, and carries the settings that matter.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -18,6 +18,9 @@
 //! containerd 2.1 adds kubeletqos and throttle),
 //! `NRI_QOS_E2E_TIMING_PODS` (default 1).
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::io::Write;
 use std::process::Command;
 use std::sync::Mutex;

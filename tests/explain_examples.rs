@@ -1,6 +1,9 @@
 //! `nri-qos explain` on every manifest in config/examples, through the real
 //! binary, checked against the reference's worked values.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::process::Command;
 
 use serde_json::Value;

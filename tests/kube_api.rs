@@ -11,6 +11,9 @@
 //! One API server for the whole binary, and one test function: the steps
 //! share it and one of them restarts it.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

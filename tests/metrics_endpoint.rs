@@ -1,6 +1,9 @@
 //! The metrics endpoint over a real TCP socket: scrape, parse the body as
 //! Prometheus text exposition (strictly), and misbehaving clients.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

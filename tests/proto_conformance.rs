@@ -5,6 +5,9 @@
 //! The upstream files come from `tests/upstream/fetch-nri-protos.sh`, which
 //! the README's test command runs first.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -3,6 +3,9 @@
 //! input (garbage protobuf, oversized and truncated frames, floods,
 //! disconnects mid-call). The plugin must never die or grow without bound.
 
+// Test code: a failed unwrap is the test failure report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -643,4 +646,33 @@ async fn metrics_endpoint_counts_adjustments_and_connection() {
         "{body}"
     );
     assert!(plugin.is_running(), "{}", plugin.log_text());
+}
+
+/// containerd 1.7 before 1.7.26 can deadlock between Configure and
+/// Synchronize (containerd#10085): the plugin cannot end that, but it says so.
+#[tokio::test]
+async fn an_external_plugin_configured_but_never_synchronized_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket_in(&dir);
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut plugin = PluginProcess::external(&sock, dir.path(), &[]);
+    let mut s = accept(&listener, false).await;
+    s.handshake(false).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !plugin.log_text().contains("containerd#10085") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            plugin.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(plugin.is_running());
+    // Once the sync comes, the session carries on as usual.
+    let r = s
+        .plugin
+        .synchronize(ctx(), &api::SynchronizeRequest::new())
+        .await
+        .unwrap();
+    assert!(r.update.is_empty());
 }

@@ -19,11 +19,11 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 
-use super::layout::{pod_cgroups, PodCgroups};
-use super::plan::{self, Owner, PodProtection, Protection, Write};
+use super::plan::{self, PodProtection, Write};
+use crate::node::cgroupfs::{exceeds, read_populated, read_protection, Owner, Protection};
+use crate::node::layout::{pod_cgroups, PodCgroups};
 use crate::node::registry::{Registry, SharedRegistry};
 use crate::node::{join_inside, UnsafePath};
-use crate::pressure::stat::read_populated;
 use crate::qos::KubeletMemoryQos;
 
 /// `[hierarchy]` in `config/nri-qos.toml`.
@@ -109,24 +109,6 @@ pub struct Keeper {
 /// Bound on unknown pod cgroups considered per pass (a node runs ~110 pods).
 const MAX_UNKNOWN_PODS: usize = 4096;
 
-fn read_value(path: &Path) -> Option<u64> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let t = text.trim();
-    if t == "max" {
-        return Some(u64::MAX);
-    }
-    t.parse().ok()
-}
-
-/// memory.min / memory.low of `cg` below `root` (0 where unreadable).
-pub fn read_protection(root: &Path, cg: &Path) -> Protection {
-    let dir = root.join(cg);
-    Protection {
-        min: read_value(&dir.join("memory.min")).unwrap_or(0),
-        low: read_value(&dir.join("memory.low")).unwrap_or(0),
-    }
-}
-
 impl Keeper {
     pub fn new(root: PathBuf, cfg: HierarchyConfig, mem_total: u64) -> Self {
         Keeper {
@@ -173,7 +155,7 @@ impl Keeper {
                         Some(_) => plan::foreign(current, ours, targets),
                         None => {
                             tree_check
-                                && plan::exceeds(
+                                && exceeds(
                                     current,
                                     targets.iter().copied().fold(Protection::default(), |a, t| {
                                         Protection {
@@ -210,7 +192,7 @@ impl Keeper {
     }
 
     fn read_protection(&self, cg: &Path) -> Protection {
-        read_protection(&self.root, cg)
+        read_protection(&self.root.join(cg))
     }
 
     pub fn stats(&self) -> KeeperStats {
@@ -262,13 +244,7 @@ impl Keeper {
                 let Ok(dir) = join_inside(&self.root, cg) else {
                     return (cg.clone(), Protection::default());
                 };
-                (
-                    cg.clone(),
-                    Protection {
-                        min: read_value(&dir.join("memory.min")).unwrap_or(0),
-                        low: read_value(&dir.join("memory.low")).unwrap_or(0),
-                    },
-                )
+                (cg.clone(), read_protection(&dir))
             })
             .collect()
     }
@@ -328,8 +304,10 @@ impl Keeper {
                 if !read_populated(&dir).unwrap_or(false) {
                     continue;
                 }
-                let memory_min = read_value(&dir.join("memory.min")).unwrap_or(0);
-                let memory_low = read_value(&dir.join("memory.low")).unwrap_or(0);
+                let Protection {
+                    min: memory_min,
+                    low: memory_low,
+                } = read_protection(&dir);
                 if memory_min > 0 || memory_low > 0 {
                     out.push(PodProtection {
                         cgroups,
@@ -571,6 +549,12 @@ mod tests {
     use crate::node::registry::{ContainerRecord, PodRecord};
     use crate::qos::QosClass;
     use std::collections::BTreeMap;
+
+    /// A memory.min/low value as the kernel shows it (`max` = u64::MAX).
+    fn read_value(path: &Path) -> Option<u64> {
+        let v = crate::node::cgroupfs::read_single(path).ok()?;
+        Some(v.unwrap_or(u64::MAX))
+    }
 
     fn tree(root: &Path, dirs: &[&str]) {
         for d in dirs {

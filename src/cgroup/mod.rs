@@ -3,7 +3,6 @@
 //! runtime writes those ancestors.
 
 pub mod keeper;
-pub mod layout;
 pub mod plan;
 
 pub use keeper::{HierarchyConfig, Keeper};

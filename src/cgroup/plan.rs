@@ -10,7 +10,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use super::layout::PodCgroups;
+use crate::node::cgroupfs::{Protection, PAGE_SIZE};
+use crate::node::layout::PodCgroups;
 
 /// Protection one pod's containers ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,28 +24,10 @@ pub struct PodProtection {
     pub kubelet: bool,
 }
 
-pub use crate::node::registry::Owner;
-
 /// A value that changed under us: not what we last wrote (or found and took
 /// as ours) and not what we would write now.
 pub fn foreign(current: Protection, ours: Option<Protection>, targets: &[Protection]) -> bool {
     current != Protection::default() && Some(current) != ours && !targets.contains(&current)
-}
-
-/// With no record of what we wrote (a restart, `audit`): more protection
-/// than our own policy gives the cgroup before any budget scaling is
-/// someone else's. Our earlier values never exceed it (scaling only lowers
-/// them), while the kubelet's exact requests exceed our estimates and its
-/// alpha memory.min sits where we would write memory.low.
-pub fn exceeds(current: Protection, ours_unscaled: Protection) -> bool {
-    current.min > ours_unscaled.min || current.low > ours_unscaled.low
-}
-
-/// Target memory.min / memory.low for one kubelet-owned cgroup.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Protection {
-    pub min: u64,
-    pub low: u64,
 }
 
 /// One file write, relative to the cgroup root.
@@ -64,11 +47,6 @@ pub struct Targets {
     pub budget: u64,
     pub scaled: bool,
 }
-
-/// The kernel keeps memory.min/low in whole pages (a write is rounded down),
-/// so targets are too: otherwise every pass would see a difference, rewrite,
-/// and `audit` would flag the rounding as drift.
-pub const PAGE_SIZE: u64 = 4096;
 
 /// Sums protection up the tree and caps it at `budget` bytes in total.
 /// When the requests exceed the budget every value is scaled down by the same
@@ -165,7 +143,7 @@ pub fn budget(mem_total: u64, reserve: u64, share: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cgroup::layout::pod_cgroups;
+    use crate::node::layout::pod_cgroups;
     use proptest::prelude::*;
 
     const P: u64 = PAGE_SIZE;

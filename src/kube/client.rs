@@ -70,25 +70,23 @@ impl std::fmt::Debug for Kube {
 
 async fn client(credentials: &Credentials) -> Result<Client, KubeError> {
     let config = match credentials {
-        Credentials::InCluster => {
-            kube::Config::incluster().map_err(|e| KubeError::InCluster(e.to_string()))?
-        }
+        Credentials::InCluster => kube::Config::incluster().map_err(KubeError::InCluster)?,
         Credentials::Kubeconfig(path) => {
-            let err = |e: &dyn std::fmt::Display| KubeError::Kubeconfig {
+            let err = |source| KubeError::Kubeconfig {
                 path: path.clone(),
-                message: e.to_string(),
+                source,
             };
-            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| err(&e))?;
+            let file = kube::config::Kubeconfig::read_from(path).map_err(err)?;
             kube::Config::from_custom_kubeconfig(file, &Default::default())
                 .await
-                .map_err(|e| err(&e))?
+                .map_err(err)?
         }
     };
     let mut config = config;
     // A 429 from the Eviction API is a PodDisruptionBudget's answer, not a
     // transient failure to retry; the watcher has a backoff of its own.
     config.default_retry = false;
-    Client::try_from(config).map_err(|e| KubeError::Client(e.to_string()))
+    Client::try_from(config).map_err(KubeError::Client)
 }
 
 impl Kube {
@@ -103,7 +101,10 @@ impl Kube {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| KubeError::Client(format!("starting the API runtime: {e}")))?;
+            .map_err(|source| KubeError::Start {
+                what: "starting the API runtime",
+                source,
+            })?;
         let client = rt.block_on(client(&credentials))?;
         let store = Arc::new(PodStore::default());
         let (tx, rx) = mpsc::channel(QUEUE);
@@ -131,7 +132,10 @@ impl Kube {
                     tokio::join!(api.watch(), api.serve(rx));
                 })
             })
-            .map_err(|e| KubeError::Client(format!("starting the API thread: {e}")))?;
+            .map_err(|source| KubeError::Start {
+                what: "starting the API thread",
+                source,
+            })?;
         Ok(kube)
     }
 

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Pod as ApiObject;
 
 use crate::node::registry::{PodInfo, RequestSource};
-use crate::qos::explain::pod_qos;
+use crate::qos::pod::pod_qos;
 use crate::qos::pod::{container_memory_requests, pod_memory_request, ManifestError, Pod};
 use crate::qos::QosClass;
 
@@ -72,7 +72,7 @@ impl PodFacts {
 /// Reduces an API object. The requests go through the same manifest
 /// reading `nri-qos explain` uses, so one piece of code knows the rules.
 pub fn from_api(obj: &ApiObject) -> Result<PodFacts, ManifestError> {
-    let value = serde_json::to_value(obj).map_err(|e| ManifestError::Yaml(e.to_string()))?;
+    let value = serde_json::to_value(obj).map_err(ManifestError::Json)?;
     let pod: Pod = serde_path_to_error::deserialize(value).map_err(|e| ManifestError::Field {
         path: e.path().to_string(),
         message: e.into_inner().to_string(),

@@ -59,12 +59,23 @@ pub enum KubeError {
     NodeName(String),
     #[error("kubernetes.kubeconfig is set but empty")]
     EmptyKubeconfig,
-    #[error("kubeconfig {path}: {message}")]
-    Kubeconfig { path: PathBuf, message: String },
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
     #[error("in-cluster service account: {0}")]
-    InCluster(String),
+    InCluster(#[source] kube::config::InClusterError),
     #[error("kubernetes client: {0}")]
-    Client(String),
+    Client(#[source] kube::Error),
+    /// The API source's own runtime or thread could not start.
+    #[error("kubernetes client: {what}: {source}")]
+    Start {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(
         "kubernetes.kubeconfig {0} is set but no node name: set kubernetes.node-name or NODE_NAME"
     )]

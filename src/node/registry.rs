@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use crate::qos::QosClass;
+use super::cgroupfs::Owner;
+use super::QosClass;
 
 /// Where a memory request came from (the CRI carries none). Logged with
 /// every decision; the monitor prints it with [`fmt::Display`].
@@ -61,29 +62,6 @@ impl fmt::Display for RequestSource {
             RequestSource::BestEffort => "besteffort",
             RequestSource::Unknown => "unknown-as-0",
         })
-    }
-}
-
-/// Who writes a value: decided once per cgroup (and only ever moved from
-/// nri-qos to the kubelet), so two writers never take turns on one file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Owner {
-    /// The kubelet's Memory QoS: never written, never drift.
-    Kubelet,
-    /// nri-qos sets it (container adjustment or the hierarchy keeper).
-    NriQos,
-    /// Left to the runtime as the CRI request had it.
-    Runtime,
-}
-
-impl Owner {
-    pub fn label(self) -> &'static str {
-        match self {
-            Owner::Kubelet => "kubelet",
-            Owner::NriQos => "nri-qos",
-            Owner::Runtime => "runtime",
-        }
     }
 }
 

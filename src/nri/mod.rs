@@ -10,5 +10,5 @@ pub mod reassembly;
 pub mod relax;
 pub mod session;
 
-pub use plugin::{PluginSettings, QosPlugin};
+pub use plugin::{DropInLayer, PluginSettings, QosPlugin};
 pub use session::{Identity, Transport};

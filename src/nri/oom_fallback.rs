@@ -22,7 +22,7 @@ use nix::fcntl::{openat, OFlag};
 use nix::sys::stat::Mode;
 use thiserror::Error;
 
-use crate::node::container_cgroup_dir;
+use crate::node::layout::container_cgroup_dir;
 
 #[derive(Debug, Error)]
 pub enum OomFallbackError {

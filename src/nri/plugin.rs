@@ -21,12 +21,11 @@ use super::oom_fallback;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
 use super::reassembly::{Complete, SyncReassembler};
-use crate::cgroup::keeper::read_protection;
-use crate::cgroup::layout::pod_cgroups;
-use crate::cgroup::plan::{Protection, PAGE_SIZE};
 use crate::metrics::Metrics;
+use crate::node::cgroupfs::{self, read_protection, Owner, Protection, PAGE_SIZE};
+use crate::node::layout::{container_cgroup_dir, pod_cgroups};
 use crate::node::registry::{
-    ContainerRecord, ContainerRequests, Owner, PodRecord, Registry, SharedRegistry,
+    ContainerRecord, ContainerRequests, PodRecord, Registry, SharedRegistry,
 };
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
@@ -120,11 +119,27 @@ pub struct QosPlugin {
     registry: SharedRegistry,
     counters: Mutex<Counters>,
     configured: watch::Sender<bool>,
+    synchronized: watch::Sender<bool>,
     changed: watch::Sender<u64>,
     warned_old_runtime: AtomicBool,
     metrics: Arc<Metrics>,
     /// This node's pods from the API server, when that source runs.
     api_pods: Option<Arc<dyn ContainerRequests>>,
+    /// Layers the runtime's drop-in config over ours; none: it is ignored.
+    drop_in: Option<DropInLayer>,
+}
+
+/// Layers config text the runtime sends in Configure over the plugin's own
+/// and returns the `[policy]` and `plugin.dry-run` to use, or why the text
+/// is refused. The config layering owns it; the app wires it in.
+pub type DropInLayer = Arc<dyn Fn(&str) -> Result<(PolicyConfig, bool), String> + Send + Sync>;
+
+/// Waits until `flag` is true, or `limit` passed.
+async fn wait_for(flag: &watch::Sender<bool>, limit: Duration) -> bool {
+    let mut rx = flag.subscribe();
+    tokio::time::timeout(limit, rx.wait_for(|set| *set))
+        .await
+        .is_ok_and(|r| r.is_ok())
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -150,11 +165,20 @@ impl QosPlugin {
             })),
             counters: Mutex::new(Counters::default()),
             configured: watch::channel(false).0,
+            synchronized: watch::channel(false).0,
             changed: watch::channel(0).0,
             warned_old_runtime: AtomicBool::new(false),
             metrics: Arc::new(Metrics::new()),
             api_pods: None,
+            drop_in: None,
         }
+    }
+
+    /// How the runtime's drop-in config is layered over ours (see
+    /// [`QosPlugin::apply_runtime_config`]).
+    pub fn with_drop_in(mut self, layer: DropInLayer) -> Self {
+        self.drop_in = Some(layer);
+        self
     }
 
     /// Exact requests from the API server's pod specs ahead of what the
@@ -202,15 +226,17 @@ impl QosPlugin {
         *lock(&self.runtime) = None;
         *lock(&self.sync) = SyncReassembler::default();
         self.configured.send_replace(false);
+        self.synchronized.send_replace(false);
     }
 
     /// Waits until Configure arrived, or `limit` passed.
     pub async fn wait_configured(&self, limit: Duration) -> bool {
-        let mut rx = self.configured.subscribe();
-        tokio::time::timeout(limit, rx.wait_for(|c| *c))
-            .await
-            .map(|r| r.is_ok())
-            .unwrap_or(false)
+        wait_for(&self.configured, limit).await
+    }
+
+    /// Waits until a whole Synchronize was answered, or `limit` passed.
+    pub async fn wait_synchronized(&self, limit: Duration) -> bool {
+        wait_for(&self.synchronized, limit).await
     }
 
     fn live(&self) -> LiveSettings {
@@ -229,8 +255,11 @@ impl QosPlugin {
         if text.trim().is_empty() {
             return;
         }
-        let base = self.settings.policy.clone();
-        match layer_drop_in(&base, self.settings.dry_run, text) {
+        let Some(layer) = &self.drop_in else {
+            warn!("ignoring the runtime's drop-in config; no config layering wired in");
+            return;
+        };
+        match layer(text) {
             Ok((policy, dry_run)) => {
                 lock(&self.registry).kubelet_memory_qos = policy.kubelet_memory_qos;
                 let mut live = self.live.write().unwrap_or_else(|p| p.into_inner());
@@ -340,31 +369,4 @@ fn decide_or_leave_alone(
             notes: Vec::new(),
         }
     })
-}
-
-/// `base` with the drop-in's `[policy]` keys and `plugin.dry-run` on top.
-/// The whole text is validated as a config file first (unknown keys and bad
-/// values are errors that name them).
-pub fn layer_drop_in(
-    base: &PolicyConfig,
-    base_dry_run: bool,
-    text: &str,
-) -> Result<(PolicyConfig, bool), String> {
-    let origin = std::path::Path::new("<runtime drop-in config>");
-    crate::config::Config::from_toml(text, origin).map_err(|e| e.to_string())?;
-    let overlay: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
-    let mut policy = toml::Table::try_from(base).map_err(|e| e.to_string())?;
-    if let Some(toml::Value::Table(p)) = overlay.get("policy") {
-        policy.extend(p.clone());
-    }
-    let policy: PolicyConfig = toml::Value::Table(policy)
-        .try_into()
-        .map_err(|e: toml::de::Error| e.to_string())?;
-    policy.validate()?;
-    let dry_run = overlay
-        .get("plugin")
-        .and_then(|p| p.get("dry-run"))
-        .and_then(toml::Value::as_bool)
-        .unwrap_or(base_dry_run);
-    Ok((policy, dry_run))
 }

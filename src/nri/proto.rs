@@ -3,6 +3,10 @@
 #[allow(
     clippy::all,
     clippy::pedantic,
+    // Restriction lints are not in clippy::all; generated code is not ours to fix.
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::undocumented_unsafe_blocks,
     dead_code,
     missing_docs,
     non_camel_case_types,
@@ -20,6 +24,10 @@ pub mod api {
 #[allow(
     clippy::all,
     clippy::pedantic,
+    // Restriction lints are not in clippy::all; generated code is not ours to fix.
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::undocumented_unsafe_blocks,
     dead_code,
     missing_docs,
     non_camel_case_types,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 use tokio::net::UnixStream;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 use ttrpc::r#async::transport::Socket;
 use ttrpc::r#async::Client;
 
@@ -83,16 +83,32 @@ pub enum SessionError {
         source: io::Error,
     },
     #[error("runtime refused or did not answer RegisterPlugin: {0}")]
-    Register(String),
+    Register(#[source] ttrpc::Error),
     #[error("session ended: {0}")]
     Ended(#[from] MuxError),
 }
+
+/// How long after Configure an external plugin waits for Synchronize before
+/// it says the runtime may be stuck: runtimes sync right after Configure,
+/// within their request timeout (2 s by default).
+const SYNC_EXPECTED_WITHIN: Duration = Duration::from_secs(10);
 
 /// Runs one session over an established trunk until it ends. Returns why.
 pub async fn run_session(
     trunk: UnixStream,
     plugin: Arc<QosPlugin>,
     identity: &Identity,
+) -> SessionError {
+    session(trunk, plugin, identity, false).await
+}
+
+/// [`run_session`]; `external`: the runtime synchronizes this plugin right
+/// after Configure (it skips pre-launched plugins on NRI v0.6.1).
+async fn session(
+    trunk: UnixStream,
+    plugin: Arc<QosPlugin>,
+    identity: &Identity,
+    external: bool,
 ) -> SessionError {
     plugin.reset_session();
     let waiter = plugin.clone();
@@ -104,7 +120,25 @@ pub async fn run_session(
         identity,
         async move {
             connected.set_runtime_connected(true);
-            waiter.wait_configured(DEFAULT_REGISTRATION_TIMEOUT).await
+            let configured = waiter.wait_configured(DEFAULT_REGISTRATION_TIMEOUT).await;
+            if !configured || !external {
+                return configured;
+            }
+            let runtime = waiter.runtime_info().unwrap_or_default();
+            // A runtime given a long request timeout may take that long.
+            let limit = runtime
+                .request_timeout
+                .map_or(SYNC_EXPECTED_WITHIN, |t| SYNC_EXPECTED_WITHIN.max(2 * t));
+            if !waiter.wait_synchronized(limit).await {
+                // Nothing we can do from here: the runtime's own locks.
+                error!(
+                    runtime = %runtime.name,
+                    version = %runtime.version,
+                    waited_s = limit.as_secs(),
+                    "the runtime configured this plugin but has not synchronized it; containerd 1.7 before 1.7.26 deadlocks when an external plugin registers during a pod or container event (containerd#10085): if pods stop starting, restart containerd (docs/operations.md)"
+                );
+            }
+            true
         },
     )
     .await;
@@ -144,7 +178,7 @@ pub async fn serve(
     };
     let ctx = ttrpc::context::with_timeout(DEFAULT_REGISTRATION_TIMEOUT.as_nanos() as i64);
     let registered = tokio::select! {
-        r = client.register_plugin(ctx, &req) => r.map_err(|e| SessionError::Register(e.to_string())),
+        r = client.register_plugin(ctx, &req) => r.map_err(SessionError::Register),
         r = &mut driver.0 => Err(SessionError::Ended(r.unwrap_or(MuxError::Closed))),
     };
     if let Err(e) = registered {
@@ -154,11 +188,16 @@ pub async fn serve(
     // The monitor's throttle guard calls UpdateContainers through this
     // client (from its own task, never from a handler).
     super::relax::LINK.set(Some(client.clone()));
-    if !configured.await {
-        warn!("runtime did not send Configure within the registration timeout");
-    }
-
-    let reason = (&mut driver.0).await.unwrap_or(MuxError::Closed);
+    // The session may end while we wait: that ends the wait too.
+    let reason = tokio::select! {
+        configured = configured => {
+            if !configured {
+                warn!("runtime did not send Configure within the registration timeout");
+            }
+            (&mut driver.0).await.unwrap_or(MuxError::Closed)
+        }
+        r = &mut driver.0 => r.unwrap_or(MuxError::Closed),
+    };
     super::relax::LINK.set(None);
     // Keep the client alive until here: dropping it closes conn 2.
     drop(client);
@@ -212,7 +251,7 @@ pub async fn run(
                         info!(socket = %path.display(), "connected to the runtime");
                         logged_down = false;
                         let started = tokio::time::Instant::now();
-                        let reason = run_session(trunk, plugin.clone(), &identity).await;
+                        let reason = session(trunk, plugin.clone(), &identity, true).await;
                         warn!(%reason, "disconnected from the runtime; reconnecting");
                         if started.elapsed() > RECONNECT_MAX {
                             backoff.reset(RECONNECT_MIN);

@@ -3,52 +3,23 @@
 //! by `process_mrelease`. Process syscalls sit behind [`ProcessOps`] so tests
 //! on a fake tree never signal a real pid.
 
-use std::fs::OpenOptions;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
-use super::stat;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
-#[derive(Debug, thiserror::Error)]
-pub enum ActError {
-    #[error("write {value:?} to {path}: {source}")]
-    Write {
-        path: PathBuf,
-        value: String,
-        #[source]
-        source: io::Error,
-    },
-}
+use crate::node::cgroupfs::{self as stat, write_file, WriteError};
 
-/// Writes an existing cgroup file in one write; never creates files.
-pub fn write_file(path: &Path, value: &str) -> Result<(), ActError> {
-    // O_TRUNC is ignored by cgroupfs and keeps plain files in fake trees exact.
-    let mut f = OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(path)
-        .map_err(|source| ActError::Write {
-            path: path.to_path_buf(),
-            value: value.to_string(),
-            source,
-        })?;
-    f.write_all(value.as_bytes())
-        .map_err(|source| ActError::Write {
-            path: path.to_path_buf(),
-            value: value.to_string(),
-            source,
-        })
-}
-
-fn os_error(e: &ActError) -> Option<i32> {
-    let ActError::Write { source, .. } = e;
+fn os_error(e: &WriteError) -> Option<i32> {
+    let WriteError::Write { source, .. } = e;
     source.raw_os_error()
 }
 
-fn not_found(e: &ActError) -> bool {
-    let ActError::Write { source, .. } = e;
+fn not_found(e: &WriteError) -> bool {
+    let WriteError::Write { source, .. } = e;
     source.kind() == io::ErrorKind::NotFound
 }
 
@@ -62,7 +33,7 @@ pub enum ReclaimOutcome {
 }
 
 /// Asks the kernel to reclaim `bytes` from the cgroup at `cg`.
-pub fn reclaim(cg: &Path, bytes: u64) -> Result<ReclaimOutcome, ActError> {
+pub fn reclaim(cg: &Path, bytes: u64) -> Result<ReclaimOutcome, WriteError> {
     match write_file(&cg.join("memory.reclaim"), &bytes.to_string()) {
         Ok(()) => Ok(ReclaimOutcome::Done),
         Err(e) if os_error(&e) == Some(libc::EAGAIN) => Ok(ReclaimOutcome::Partial),
@@ -83,7 +54,8 @@ pub trait ProcessOps: Send + Sync {
     fn mrelease(&self, fd: &OwnedFd) -> io::Result<()>;
 }
 
-/// The real syscalls, through `libc`.
+/// The real syscalls: `kill` through `nix`; nix has no pidfd_open,
+/// pidfd_send_signal or process_mrelease, so those are raw `libc` syscalls.
 #[derive(Debug, Default)]
 pub struct Syscalls;
 
@@ -120,11 +92,7 @@ impl ProcessOps for Syscalls {
     }
 
     fn kill_pid(&self, pid: i32) -> io::Result<()> {
-        // SAFETY: kill(2) with a positive pid has no memory-safety concerns.
-        if unsafe { libc::kill(pid, libc::SIGKILL) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        kill(Pid::from_raw(pid), Signal::SIGKILL).map_err(io::Error::from)
     }
 
     fn mrelease(&self, fd: &OwnedFd) -> io::Result<()> {
@@ -210,7 +178,7 @@ pub struct KillReport {
 }
 
 /// Kills every process in the pod cgroup at `cg`.
-pub fn kill_pod(cg: &Path, ops: &dyn ProcessOps, mrelease: bool) -> Result<KillReport, ActError> {
+pub fn kill_pod(cg: &Path, ops: &dyn ProcessOps, mrelease: bool) -> Result<KillReport, WriteError> {
     // Pin the processes first, so mrelease after the kill hits the right ones.
     let pids = subtree_pids(cg);
     let fds: Vec<OwnedFd> = if mrelease {

@@ -281,10 +281,13 @@ impl MonitorConfig {
             #[serde(default)]
             monitor: Option<toml::Value>,
         }
-        let bad = |e: &dyn fmt::Display| MonitorError::Config(format!("{origin}: {e}"));
-        let file: File = toml::from_str(text).map_err(|e| bad(&e))?;
+        let bad = |source| MonitorError::ConfigParse {
+            at: format!("{origin}: "),
+            source,
+        };
+        let file: File = toml::from_str(text).map_err(bad)?;
         let mut cfg: MonitorConfig = match file.monitor {
-            Some(v) => v.try_into().map_err(|e| bad(&e))?,
+            Some(v) => v.try_into().map_err(bad)?,
             None => MonitorConfig::default(),
         };
         cfg.throttle = super::throttle::ThrottleConfig::from_toml(text, origin)?;
@@ -395,6 +398,10 @@ mod tests {
     fn pressure_config_rejects_unknown_keys_and_bad_values() {
         let e = MonitorConfig::from_toml("[monitor]\nhard-treshold = \"1Mi\"\n", "t").unwrap_err();
         assert!(e.to_string().contains("hard-treshold"), "{e}");
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "the parser's error is kept"
+        );
         assert!(
             MonitorConfig::from_toml("[monitor]\npsi-triggers = [\"full 0 1\"]\n", "t").is_err()
         );

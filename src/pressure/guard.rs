@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::throttle::{self, Decision, Sample, Signal};
-use super::{act, rank, tree, Cause, Monitor, StepReport, Wake};
+use super::{act, rank, Cause, Monitor, StepReport, Wake};
+use crate::node::layout::Driver;
 use crate::qos::QosClass;
 
 impl Monitor {
@@ -105,7 +106,7 @@ impl Monitor {
     fn throttle_samples(
         &mut self,
         kp: &std::path::Path,
-        driver: tree::Driver,
+        driver: Driver,
         now: Duration,
     ) -> Vec<Sample> {
         let psi_threshold = self.cfg.throttle.psi_some_avg10;

@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use super::{stat, MonitorError, Paths};
+use super::{MonitorError, Paths};
+use crate::node::cgroupfs as stat;
 use crate::node::registry::RequestSource;
 use crate::qos::QosClass;
 

@@ -38,7 +38,6 @@ pub mod measure;
 pub mod protect;
 pub mod psi;
 pub mod rank;
-pub mod stat;
 pub mod throttle;
 pub mod tree;
 mod triggers;
@@ -64,22 +63,33 @@ use act::ProcessOps;
 use decide::{Decider, Plan, Reason, Verdict};
 use measure::limit_hits;
 use rank::{Candidate, RankPolicy, Ranking};
-use stat::ReadError;
-use tree::{Discovery, Driver};
+use tree::Discovery;
 use triggers::Triggers;
 
+use crate::node::cgroupfs::{self as stat, ReadError};
+use crate::node::layout::{find_kubepods, Driver};
 use crate::qos::QosClass;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MonitorError {
     #[error("config: {0}")]
     Config(String),
+    /// A config document that does not parse; `at` names it (and the
+    /// table), the parser's error is kept as the source.
+    #[error("config: {at}{source}")]
+    ConfigParse {
+        at: String,
+        #[source]
+        source: toml::de::Error,
+    },
     #[error(transparent)]
     Read(#[from] ReadError),
     #[error("{path}: no {key}")]
     Missing { path: PathBuf, key: &'static str },
     #[error("monitor task failed: {0}")]
     Task(String),
+    #[error("monitor task failed: starting the monitor thread: {0}")]
+    Spawn(#[source] std::io::Error),
 }
 
 /// Where the kernel interfaces live. Production: `/sys/fs/cgroup`, `/proc`.
@@ -375,7 +385,7 @@ impl Monitor {
     }
 
     pub fn kubepods(&self) -> Option<(PathBuf, Driver)> {
-        tree::find_kubepods(&self.paths.cgroup_root, &self.cfg.kubepods)
+        find_kubepods(&self.paths.cgroup_root, &self.cfg.kubepods)
     }
 
     /// Every pod under kubepods with its numbers, in UID order.
@@ -684,7 +694,7 @@ impl Monitor {
                 tracing::info!(pod = %c.uid, high, "dry-run: would lower memory.high");
                 continue;
             }
-            match act::write_file(&path, &high.to_string()) {
+            match stat::write_file(&path, &high.to_string()) {
                 Ok(()) => {
                     tracing::info!(pod = %c.uid, high, original = %original, "lowered memory.high until pressure ends");
                     self.lowered_high.insert(c.path.clone(), original);
@@ -696,7 +706,7 @@ impl Monitor {
 
     fn restore_high(&mut self) {
         for (cg, original) in self.lowered_high.drain() {
-            if let Err(e) = act::write_file(&cg.join("memory.high"), &original) {
+            if let Err(e) = stat::write_file(&cg.join("memory.high"), &original) {
                 tracing::debug!(error = %e, "cannot restore memory.high (pod gone?)");
             } else {
                 tracing::info!(path = %cg.display(), high = %original, "restored memory.high");
@@ -1162,7 +1172,7 @@ async fn start(
             let r = drive(monitor, rx, clock, Some(triggers), &thread_stop);
             let _ = done_tx.send(r);
         })
-        .map_err(|e| MonitorError::Task(format!("starting the monitor thread: {e}")))?;
+        .map_err(MonitorError::Spawn)?;
     // Dropping this future (shutdown, select!) stops the thread at once.
     let _stop = StopOnDrop { stop, tx };
     done_rx

@@ -9,11 +9,12 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{SyncSender, TrySendError};
 
+use nix::fcntl::OFlag;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use super::stat::ReadError;
 use super::Wake;
+use crate::node::cgroupfs::{self as stat, ReadError};
 
 /// One line of a PSI file; averages are percentages, total is µs.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -76,7 +77,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Psi, ReadError> {
 }
 
 pub fn read(path: &Path) -> Result<Psi, ReadError> {
-    parse(path, &super::stat::read(path)?)
+    parse(path, &stat::read(path)?)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,7 +172,7 @@ pub fn arm(path: &Path, trigger: &Trigger) -> Result<File, ArmError> {
     let mut f = OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(OFlag::O_NONBLOCK.bits())
         .open(path)
         .map_err(|source| ArmError::Open {
             path: path.to_path_buf(),

@@ -13,8 +13,10 @@
 //! - stage 1: `high` active past the grace period ⇒ raise memory.high to
 //!   memory.max (`max` without a limit), once;
 //! - stage 2: still under throttle a grace period after relaxing (plus the
-//!   time PSI avg10 needs to decay), or past grace without `high` at all ⇒
-//!   the pod is an eviction candidate, ranked like node pressure.
+//!   time PSI avg10 needs to decay; PSI alone only from [`PSI_AFTER_RELAX`]
+//!   on), or past grace without `high` at all (a stall that is not at the
+//!   container's own memory.high) ⇒ the pod is an eviction candidate,
+//!   ranked like node pressure.
 //!
 //! Guaranteed pods are never read. Reading is cheap: the QoS parents'
 //! hierarchical `memory.events` and `memory.pressure` are read first and a
@@ -30,13 +32,22 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::config::HumanDuration;
-use super::{psi, stat, tree, MonitorError};
+use super::{psi, MonitorError};
+use crate::node::cgroupfs as stat;
+use crate::node::layout::{container_id, Driver};
 use crate::node::relax::{RelaxRequest, Relaxer};
 use crate::qos::QosClass;
 
 /// PSI avg10 is a 10 s exponential average: after relaxing, the stall it
 /// reports decays over about this long even when throttling stopped at once.
 pub const PSI_SETTLE: Duration = Duration::from_secs(10);
+
+/// After a relax (or when a container is first seen already relaxed), PSI
+/// alone counts again only this much later: three avg10 time constants, by
+/// which a stall that ended at the relax reads under 5 % of what it was.
+/// Not forever: a relaxed container stalled by a limit that is not its own
+/// (its pod's memory.high, a thrashing node) must still be evicted.
+pub const PSI_AFTER_RELAX: Duration = Duration::from_secs(30);
 
 /// Event rates are taken over at least this long (see [`Guard::observe`]).
 /// Two seconds: the longest penalty sleep the kernel puts a task over its
@@ -117,10 +128,12 @@ impl ThrottleConfig {
             #[serde(default)]
             throttle: Option<toml::Value>,
         }
-        let bad = |e: &dyn std::fmt::Display| MonitorError::Config(format!("{origin}: {e}"));
-        let file: File = toml::from_str(text).map_err(|e| bad(&e))?;
+        let bad = |at: String| move |source| MonitorError::ConfigParse { at, source };
+        let file: File = toml::from_str(text).map_err(bad(format!("{origin}: ")))?;
         let cfg: ThrottleConfig = match file.throttle {
-            Some(v) => v.try_into().map_err(|e| bad(&format!("[throttle] {e}")))?,
+            Some(v) => v
+                .try_into()
+                .map_err(bad(format!("{origin}: [throttle] ")))?,
             None => ThrottleConfig::default(),
         };
         cfg.validate()?;
@@ -241,6 +254,8 @@ struct Track {
     relax_done: bool,
     /// No stage 2 before this (PSI avg10 decays after a relax).
     settle_until: Option<Duration>,
+    /// PSI alone does not count before this (see [`PSI_AFTER_RELAX`]).
+    psi_from: Option<Duration>,
     /// Only a baseline so far: look again soon for a rate.
     pending: bool,
 }
@@ -259,6 +274,7 @@ impl Track {
             under_since: None,
             relax_done: false,
             settle_until: None,
+            psi_from: None,
             pending: true,
         }
     }
@@ -350,16 +366,20 @@ impl Guard {
             Some(_) => {}
         }
         if t.pending {
+            if s.high.is_some() && s.high == s.max {
+                // New to us but relaxed (by us before a restart): its PSI
+                // may still be the lagging average of the throttle.
+                t.psi_from.get_or_insert(now + PSI_AFTER_RELAX);
+            }
             // No rate yet (a new baseline starts with no history).
             t.signals.high_rate = 0.0;
             t.signals.max_rate = 0.0;
         }
         t.signals.psi_some_avg10 = s.psi_some_avg10;
-        // After a relax, PSI alone no longer counts: avg10 lags, and in the
-        // VM a relaxed allocator still showed some avg10 ~17 % with no high
-        // or max events. A relaxed container is evicted only if it still
-        // hits a limit.
-        let psi_counts = !(t.relax_done || (s.high.is_some() && s.high == s.max));
+        // After a relax, PSI alone does not count for PSI_AFTER_RELAX:
+        // avg10 lags, and in the VM a relaxed allocator still showed some
+        // avg10 ~17 % with no high or max events 10 s after the relax.
+        let psi_counts = t.psi_from.is_none_or(|u| now >= u);
         decide(&self.cfg, t, now, s.relaxed(), psi_counts)
     }
 
@@ -449,6 +469,7 @@ fn decide(
         t.relax_done = true;
         t.under_since = None;
         t.settle_until = Some(now + PSI_SETTLE);
+        t.psi_from = Some(now + PSI_AFTER_RELAX);
         return Decision::Relax;
     }
     match signals.strongest(cfg) {
@@ -457,24 +478,10 @@ fn decide(
     }
 }
 
-/// Container id from a container cgroup name: `cri-containerd-<id>.scope`,
-/// `crio-<id>.scope`, `docker-<id>.scope` (systemd) or `<id>` (cgroupfs).
-pub fn container_id(name: &str) -> &str {
-    let base = name.strip_suffix(".scope").unwrap_or(name);
-    base.rsplit('-').next().unwrap_or(base)
-}
-
 /// The cgroup of a QoS class's parent, where Burstable and BestEffort pods
 /// live. Guaranteed pods sit directly under kubepods and are never read.
-pub fn qos_parent(kubepods: &Path, driver: tree::Driver, class: QosClass) -> Option<PathBuf> {
-    let name = match (driver, class) {
-        (_, QosClass::Guaranteed) => return None,
-        (tree::Driver::Cgroupfs, QosClass::Burstable) => "burstable",
-        (tree::Driver::Cgroupfs, QosClass::BestEffort) => "besteffort",
-        (tree::Driver::Systemd, QosClass::Burstable) => "kubepods-burstable.slice",
-        (tree::Driver::Systemd, QosClass::BestEffort) => "kubepods-besteffort.slice",
-    };
-    Some(kubepods.join(name))
+pub fn qos_parent(kubepods: &Path, driver: Driver, class: QosClass) -> Option<PathBuf> {
+    driver.qos_dir(class).map(|name| kubepods.join(name))
 }
 
 /// `high` and `max` of a cgroup's `memory.events` (hierarchical: a pod's or
@@ -518,25 +525,6 @@ pub fn read_container(
     })
 }
 
-/// A container the guard relaxed, judged from the tree alone (so it holds
-/// across a restart of the plugin): its memory.high (`high`, as in the
-/// file) is its memory.max or `max`, while the policy wants `wanted`, a
-/// lower value. The policy leaves it so until the container restarts or is
-/// resized, and `audit` shows it instead of reporting drift.
-pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
-    let (wanted, high, max) = (wanted.trim(), high.trim(), max.trim());
-    wanted != high && wanted != "max" && (high == max || high == "max")
-}
-
-/// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
-pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-    match (read("memory.high"), read("memory.max")) {
-        (Some(high), Some(max)) => is_relaxed(wanted, &high, &max),
-        _ => false,
-    }
-}
-
 /// memory.high as written to the file: bytes, or "max".
 pub fn high_value(v: Option<u64>) -> String {
     v.map_or_else(|| "max".to_string(), |b| b.to_string())
@@ -561,7 +549,7 @@ pub struct FileRelaxer;
 
 impl Relaxer for FileRelaxer {
     fn relax(&self, r: &RelaxRequest) -> Result<&'static str, String> {
-        super::act::write_file(&r.cgroup.join("memory.high"), &r.value)
+        stat::write_file(&r.cgroup.join("memory.high"), &r.value)
             .map(|()| "cgroup-file")
             .map_err(|e| e.to_string())
     }
@@ -760,14 +748,67 @@ mod tests {
         assert!((12.0..=13.0).contains(&at), "relaxed at {at}");
     }
 
+    /// Found relaxed (a relax before our restart) with PSI up and no
+    /// events: the PSI may be the throttle's lagging average, so it counts
+    /// only from PSI_AFTER_RELAX after first sight; a stall that outlasts
+    /// that is real and ends in stage 2, never in a second relax.
     #[test]
-    fn throttle_psi_alone_never_evicts_a_relaxed_container() {
+    fn throttle_psi_alone_waits_out_a_relax_then_counts() {
         let mut g = Guard::new(cfg());
         let mut r = s(QosClass::Burstable, "c", 0, 0, 40.0);
         r.high = r.max;
         let mut n = 0;
         let d = run(&mut g, 0.0, 60.0, 0, &mut n, |_| r.clone());
-        assert!(d.iter().all(|d| *d == Decision::Calm), "{d:?}");
+        let first = d.iter().position(|d| *d != Decision::Calm).unwrap();
+        assert_eq!(first as f64 * 0.5, PSI_AFTER_RELAX.as_secs_f64(), "{d:?}");
+        let evict = d
+            .iter()
+            .position(|d| matches!(d, Decision::Evict { .. }))
+            .unwrap();
+        assert_eq!(evict as f64 * 0.5, 40.0, "{d:?}");
+        assert_eq!(
+            d[evict],
+            Decision::Evict {
+                signal: Signal::Psi
+            }
+        );
+        assert!(!d.contains(&Decision::Relax));
+    }
+
+    /// Relaxed by us, the `high` events stop, but the container stays
+    /// stalled (its pod's memory.high, a thrashing node: a limit that is
+    /// not its own): the lagging PSI is ignored for PSI_AFTER_RELAX, then
+    /// the stall counts and the pod is evicted, naming PSI. Before, PSI
+    /// never counted again and such a pod stayed stalled for good.
+    #[test]
+    fn throttle_relaxed_container_still_stalled_is_evicted_on_psi() {
+        let mut g = Guard::new(cfg());
+        let mut n = 0;
+        let d = run(&mut g, 0.0, 12.0, 200, &mut n, |c| {
+            s(QosClass::Burstable, "c", c, 0, 5.0)
+        });
+        assert_eq!(d.last(), Some(&Decision::Relax));
+        let mut relaxed = s(QosClass::Burstable, "c", n, 0, 40.0);
+        relaxed.high = relaxed.max;
+        let d = run(&mut g, 12.5, 40.0, 0, &mut n, |_| relaxed.clone());
+        let at = |i: usize| 12.5 + i as f64 * 0.5;
+        let evict = d
+            .iter()
+            .position(|d| matches!(d, Decision::Evict { .. }))
+            .expect("evicted");
+        assert_eq!(at(evict), 12.0 + 30.0 + 10.0, "{d:?}");
+        assert_eq!(
+            d[evict],
+            Decision::Evict {
+                signal: Signal::Psi
+            }
+        );
+        // Nothing before: settling, then PSI ignored (Calm), then the grace.
+        assert!(d[..evict].iter().all(|d| matches!(
+            d,
+            Decision::Settling | Decision::Calm | Decision::Throttled { .. }
+        )));
+        assert!(!d.contains(&Decision::Relax));
     }
 
     #[test]
@@ -830,24 +871,6 @@ mod tests {
         });
         assert!(!d.contains(&Decision::Relax));
         assert!(matches!(d.last(), Some(Decision::Evict { .. })));
-    }
-
-    #[test]
-    fn throttle_relaxed_judged_from_the_tree() {
-        assert!(is_relaxed("247463936", "268435456\n", "268435456\n"));
-        assert!(is_relaxed("247463936", "max", "max"));
-        assert!(!is_relaxed("247463936", "247463936", "268435456"));
-        // Not ours to call relaxed: the policy wants no memory.high at all,
-        // or someone set another value.
-        assert!(!is_relaxed("max", "max", "max"));
-        assert!(!is_relaxed("247463936", "250000000", "268435456"));
-    }
-
-    #[test]
-    fn throttle_container_ids_from_cgroup_names() {
-        assert_eq!(container_id("cri-containerd-abc123.scope"), "abc123");
-        assert_eq!(container_id("crio-abc.scope"), "abc");
-        assert_eq!(container_id("abc123"), "abc123");
     }
 
     #[test]

@@ -1,22 +1,11 @@
-//! Finds pod cgroups under kubepods for both cgroup drivers:
-//!
-//! | driver   | Guaranteed                       | Burstable / BestEffort                                         |
-//! |----------|----------------------------------|----------------------------------------------------------------|
-//! | cgroupfs | `kubepods/pod<uid>`              | `kubepods/{burstable,besteffort}/pod<uid>`                     |
-//! | systemd  | `kubepods.slice/kubepods-pod<uid_>.slice` | `kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid_>.slice` |
-//!
-//! Anything else is logged once and skipped.
+//! Finds the pod cgroups under kubepods on disk (the names are
+//! [`crate::node::layout`]'s). Anything else is logged once and skipped.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use crate::qos::QosClass;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Driver {
-    Cgroupfs,
-    Systemd,
-}
+use crate::node::layout::{classify, Driver, Entry};
+use crate::node::QosClass;
 
 /// A pod cgroup found on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,74 +15,6 @@ pub struct PodCgroup {
     /// Class implied by where the cgroup sits.
     pub class: QosClass,
     pub path: PathBuf,
-}
-
-/// Locates the kubepods cgroup: `setting` is "auto" or a path relative to
-/// the cgroup root.
-pub fn find_kubepods(root: &Path, setting: &str) -> Option<(PathBuf, Driver)> {
-    if setting != "auto" {
-        // Validated at load; checked again so no caller can leave the root.
-        let p = crate::node::join_inside(root, setting).ok()?;
-        let driver = if setting.trim_end_matches('/').ends_with(".slice") {
-            Driver::Systemd
-        } else {
-            Driver::Cgroupfs
-        };
-        return p.is_dir().then_some((p, driver));
-    }
-    let slice = root.join("kubepods.slice");
-    if slice.is_dir() {
-        return Some((slice, Driver::Systemd));
-    }
-    let fs = root.join("kubepods");
-    fs.is_dir().then_some((fs, Driver::Cgroupfs))
-}
-
-/// What a directory name under kubepods (or under a QoS cgroup) means.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Entry {
-    QosParent(QosClass),
-    Pod { uid: String, class: QosClass },
-}
-
-fn valid_uid(uid: &str) -> bool {
-    !uid.is_empty() && uid.len() <= 64 && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-}
-
-/// Pure name classifier. `parent` is the QoS class of the directory the name
-/// sits in, `None` for kubepods itself.
-pub fn classify(driver: Driver, parent: Option<QosClass>, name: &str) -> Option<Entry> {
-    let pod = |uid: &str, class| {
-        valid_uid(uid).then(|| Entry::Pod {
-            uid: uid.to_string(),
-            class,
-        })
-    };
-    match (driver, parent) {
-        (Driver::Cgroupfs, None) => match name {
-            "burstable" => Some(Entry::QosParent(QosClass::Burstable)),
-            "besteffort" => Some(Entry::QosParent(QosClass::BestEffort)),
-            _ => pod(name.strip_prefix("pod")?, QosClass::Guaranteed),
-        },
-        (Driver::Cgroupfs, Some(class)) => pod(name.strip_prefix("pod")?, class),
-        (Driver::Systemd, None) => match name {
-            "kubepods-burstable.slice" => Some(Entry::QosParent(QosClass::Burstable)),
-            "kubepods-besteffort.slice" => Some(Entry::QosParent(QosClass::BestEffort)),
-            _ => {
-                let uid = name.strip_prefix("kubepods-pod")?.strip_suffix(".slice")?;
-                pod(&uid.replace('_', "-"), QosClass::Guaranteed)
-            }
-        },
-        (Driver::Systemd, Some(class)) => {
-            let prefix = match class {
-                QosClass::Burstable => "kubepods-burstable-pod",
-                QosClass::BestEffort => "kubepods-besteffort-pod",
-                QosClass::Guaranteed => return None,
-            };
-            let uid = name.strip_prefix(prefix)?.strip_suffix(".slice")?;
-            pod(&uid.replace('_', "-"), class)
-        }
-    }
 }
 
 /// Scans kubepods; remembers which unknown names it already logged so a
@@ -160,57 +81,7 @@ impl Discovery {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pressure_classify_both_drivers() {
-        use QosClass::*;
-        let pod = |uid: &str, class| {
-            Some(Entry::Pod {
-                uid: uid.into(),
-                class,
-            })
-        };
-        assert_eq!(
-            classify(Driver::Cgroupfs, None, "podab-12"),
-            pod("ab-12", Guaranteed)
-        );
-        assert_eq!(
-            classify(Driver::Cgroupfs, None, "besteffort"),
-            Some(Entry::QosParent(BestEffort))
-        );
-        assert_eq!(
-            classify(Driver::Cgroupfs, Some(Burstable), "podx1"),
-            pod("x1", Burstable)
-        );
-        assert_eq!(classify(Driver::Cgroupfs, None, "pod"), None);
-        assert_eq!(classify(Driver::Cgroupfs, None, "pod../x"), None);
-        assert_eq!(
-            classify(Driver::Systemd, None, "kubepods-podab_12.slice"),
-            pod("ab-12", Guaranteed)
-        );
-        assert_eq!(
-            classify(
-                Driver::Systemd,
-                Some(BestEffort),
-                "kubepods-besteffort-podab_12.slice"
-            ),
-            pod("ab-12", BestEffort)
-        );
-        // A burstable pod name inside the besteffort slice is not ours to guess.
-        assert_eq!(
-            classify(
-                Driver::Systemd,
-                Some(BestEffort),
-                "kubepods-burstable-podab.slice"
-            ),
-            None
-        );
-        assert_eq!(
-            classify(Driver::Systemd, None, "kubepods-burstable.slice"),
-            Some(Entry::QosParent(Burstable))
-        );
-        assert_eq!(classify(Driver::Systemd, None, "system.slice"), None);
-    }
+    use crate::node::layout::find_kubepods;
 
     #[test]
     fn pressure_scan_finds_pods_and_skips_unknown() {

@@ -5,7 +5,8 @@ use std::sync::mpsc::SyncSender;
 
 use tokio::runtime::Handle;
 
-use super::{psi, tree, MonitorConfig, Paths, Wake};
+use super::{psi, MonitorConfig, Paths, Wake};
+use crate::node::layout::find_kubepods;
 
 /// One PSI trigger target and its watcher tasks (each holds one trigger fd).
 struct TriggerTarget {
@@ -80,7 +81,7 @@ impl Triggers {
     fn path_of(&self, label: &str) -> Option<PathBuf> {
         match label {
             "node" => Some(self.paths.node_psi()),
-            _ => tree::find_kubepods(&self.paths.cgroup_root, &self.kubepods)
+            _ => find_kubepods(&self.paths.cgroup_root, &self.kubepods)
                 .map(|(kp, _)| kp.join("memory.pressure")),
         }
     }

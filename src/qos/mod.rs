@@ -8,13 +8,14 @@
 
 use std::collections::BTreeMap;
 
-pub mod explain;
 pub mod formulas;
 pub mod pod;
 pub mod policy;
 pub mod quantity;
 
-use serde::{Deserialize, Serialize};
+// The node's facts and the QoS class live on the ground floor (the cgroup
+// layout needs the class); re-exported here for the policy's callers.
+pub use crate::node::{NodeFacts, QosClass};
 
 /// Resource values as the runtime hands them over (CRI/OCI semantics).
 /// `None` means the runtime did not set the value.
@@ -60,25 +61,6 @@ pub struct ContainerFacts {
     /// The container's memory request as the API server has it (0 = none),
     /// when the optional Kubernetes source knows the pod (`crate::kube`).
     pub api_memory_request: Option<u64>,
-}
-
-/// Facts about the node the policy needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NodeFacts {
-    /// MemTotal in bytes (the kubelet's machineInfo.MemoryCapacity).
-    pub memory_capacity: u64,
-    /// Node allocatable memory in bytes (base of memory.high without a limit).
-    pub memory_allocatable: u64,
-    pub page_size: u64,
-    pub cgroup_v2: bool,
-}
-
-/// Kubernetes QoS class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum QosClass {
-    Guaranteed,
-    Burstable,
-    BestEffort,
 }
 
 /// The settings we want a container to get; `None` / absent keys leave the

@@ -12,11 +12,15 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::quantity::{self, QuantityError};
+use crate::node::QosClass;
 
 #[derive(Debug, Error)]
 pub enum ManifestError {
     #[error("not YAML: {0}")]
-    Yaml(String),
+    Yaml(#[source] serde_norway::Error),
+    /// An API object that does not convert to a JSON value.
+    #[error("not YAML: {0}")]
+    Json(#[source] serde_json::Error),
     #[error("{path}: {message}")]
     Field { path: String, message: String },
     #[error("{path}: {source}")]
@@ -223,8 +227,7 @@ pub fn pod_memory_request(pod: &Pod) -> Result<u64, ManifestError> {
 
 /// Parses a Pod manifest; errors name the offending field.
 pub fn parse_pod(yaml: &str) -> Result<Pod, ManifestError> {
-    let value: serde_norway::Value =
-        serde_norway::from_str(yaml).map_err(|e| ManifestError::Yaml(e.to_string()))?;
+    let value: serde_norway::Value = serde_norway::from_str(yaml).map_err(ManifestError::Yaml)?;
     let pod: Pod = serde_path_to_error::deserialize(value).map_err(|e| ManifestError::Field {
         path: e.path().to_string(),
         message: e.into_inner().to_string(),
@@ -239,6 +242,63 @@ pub fn parse_pod(yaml: &str) -> Result<Pod, ManifestError> {
         });
     }
     Ok(pod)
+}
+
+/// kubelet `ComputePodQOS`, including pod-level resources (KEP-2837).
+pub fn pod_qos(pod: &Pod) -> Result<(QosClass, String), ManifestError> {
+    if let Some(r) = &pod.spec.resources {
+        let r = r.resolve("spec.resources")?;
+        let class = resolved_class(&r);
+        return Ok((
+            class,
+            format!("pod-level resources decide ({})", class_rule(class)),
+        ));
+    }
+    let mut classes = Vec::new();
+    for (i, c) in pod.spec.init_containers.iter().enumerate() {
+        classes.push(resolved_class(
+            &c.resources
+                .resolve(&format!("spec.initContainers[{i}].resources"))?,
+        ));
+    }
+    for (i, c) in pod.spec.containers.iter().enumerate() {
+        classes.push(resolved_class(
+            &c.resources
+                .resolve(&format!("spec.containers[{i}].resources"))?,
+        ));
+    }
+    let all = |k| classes.iter().all(|c| *c == k);
+    let class = if all(QosClass::Guaranteed) {
+        QosClass::Guaranteed
+    } else if all(QosClass::BestEffort) {
+        QosClass::BestEffort
+    } else {
+        QosClass::Burstable
+    };
+    Ok((class, class_rule(class).to_string()))
+}
+
+fn class_rule(c: QosClass) -> &'static str {
+    match c {
+        QosClass::Guaranteed => "every container has CPU and memory limits equal to its requests",
+        QosClass::BestEffort => "no container has CPU or memory requests or limits",
+        QosClass::Burstable => "some requests are below their limits or some limits are missing",
+    }
+}
+
+/// One container's (or the pod level's) class: G-like when CPU and memory
+/// both have limits equal to requests, BE-like when nothing is set.
+fn resolved_class(r: &Resolved) -> QosClass {
+    let none = r.requests == CpuMem::default() && r.limits == CpuMem::default();
+    if none {
+        return QosClass::BestEffort;
+    }
+    let g = |req: Option<u64>, lim: Option<u64>| lim.is_some() && req == lim;
+    if g(r.requests.cpu_milli, r.limits.cpu_milli) && g(r.requests.memory, r.limits.memory) {
+        QosClass::Guaranteed
+    } else {
+        QosClass::Burstable
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use super::quantity;
 use super::{
     Adjustment, ContainerFacts, Decision, NodeFacts, PodFacts, QosClass, RequestSource, Resources,
 };
-use crate::cgroup::layout::pod_cgroups;
+use crate::node::layout::pod_cgroups;
 
 /// Pod annotation with an explicit memory request for every container of the
 /// pod without its own (a Kubernetes quantity, e.g. `256Mi`).

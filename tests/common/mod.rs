@@ -2,7 +2,8 @@
 //! same proto but with its own frame codec (not the plugin's mux), so the
 //! framing is checked independently.
 
-#![allow(dead_code)]
+// Test code: a failed unwrap is the test failure report.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;

@@ -394,6 +394,7 @@ build_initramfs() {
         echo "E2E_SCENARIOS=\"${scenarios[*]}\""
         echo "E2E_TIMING_PODS=$timing_pods"
         echo "E2E_VERBOSE=${E2E_VERBOSE:-0}"
+        echo "E2E_VM_TIMEOUT=$VM_TIMEOUT"
         echo "E2E_PRESSURE_BENCH=$pressure_bench"
         echo "E2E_THROTTLE_BENCH=$throttle_bench"
         echo "E2E_BENCH_RUNS=${E2E_BENCH_RUNS:-10}"
@@ -452,7 +453,12 @@ parse_console() {
     grep -a '^E2E-CHECK [^ ]* FAIL' "$logf" | sed "s#^#e2e: [$name] #" >&2 || true
     if [ -z "$done_line" ]; then
         log "[$name] FAIL: the VM did not finish (timeout ${VM_TIMEOUT}s or crash); last console lines:"
-        tail -n 25 "$logf" | sed "s/^/    /" >&2
+        if grep -aq '^E2E-INFO .*watchdog:' "$logf"; then
+            # the guest's watchdog said what the runtime and plugin were doing
+            awk '/^E2E-INFO .*watchdog:/ { on = 1 } on' "$logf" | head -n 500 | sed "s/^/    /" >&2
+        else
+            tail -n 25 "$logf" | sed "s/^/    /" >&2
+        fi
         return 1
     fi
     log "[$name] $pass checks passed, $fail failed ($done_line)"

@@ -86,6 +86,7 @@ impl Plugin for QosPlugin {
         };
         let update = self.finish_sync(whole);
         release_freed_memory();
+        self.synchronized.send_replace(true);
         Ok(api::SynchronizeResponse {
             update,
             ..Default::default()

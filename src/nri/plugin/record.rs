@@ -99,7 +99,7 @@ impl QosPlugin {
         if !first_sight {
             return false;
         }
-        let Protection { min, low } = read_protection(&self.settings.cgroup_root, &cg.pod);
+        let Protection { min, low } = read_protection(&self.settings.cgroup_root.join(&cg.pod));
         if min == 0 && low == 0 {
             return false;
         }
@@ -137,9 +137,9 @@ impl QosPlugin {
             if reg.owners.contains_key(&cg.pod) {
                 continue;
             }
-            let on_disk = read_protection(&self.settings.cgroup_root, &cg.pod);
+            let on_disk = read_protection(&self.settings.cgroup_root.join(&cg.pod));
             let ours = sums.get(p.id.as_str()).copied().unwrap_or_default();
-            if crate::cgroup::plan::exceeds(on_disk, ours) {
+            if cgroupfs::exceeds(on_disk, ours) {
                 info!(
                     cgroup = %cg.pod.display(),
                     memory_min = on_disk.min,
@@ -160,11 +160,11 @@ impl QosPlugin {
             return;
         };
         let cgroups_path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
-        let Some(rel) = crate::node::container_cgroup_dir(cgroups_path) else {
+        let Some(rel) = container_cgroup_dir(cgroups_path) else {
             return;
         };
         let dir = self.settings.cgroup_root.join(rel);
-        if crate::pressure::throttle::relaxed_in_tree(&dir, want) {
+        if cgroupfs::relaxed_in_tree(&dir, want) {
             info!(container = %c.id, wanted = %want, "memory.high was relaxed by the throttle guard; leaving it");
             adjustment.unified.remove("memory.high");
         }

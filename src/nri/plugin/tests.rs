@@ -1,28 +1,5 @@
 use super::*;
 
-#[test]
-fn a_drop_in_overrides_only_the_keys_it_sets() {
-    use crate::qos::{Reservation, WeightConversion};
-    let base = PolicyConfig {
-        memory_reservation: Reservation::Min,
-        memory_throttling_factor: 0.8,
-        ..Default::default()
-    };
-    let (p, dry) = layer_drop_in(&base, true, "[policy]\ncpu-weight = \"linear\"\n").unwrap();
-    assert_eq!(p.cpu_weight, WeightConversion::Linear);
-    assert_eq!(p.memory_reservation, Reservation::Min, "kept from the file");
-    assert_eq!(p.memory_throttling_factor, 0.8);
-    assert!(dry, "dry-run kept when the drop-in does not say");
-    let (_, dry) = layer_drop_in(&base, true, "[plugin]\ndry-run = false\n").unwrap();
-    assert!(!dry);
-    assert!(
-        layer_drop_in(&base, false, "[policy]\ncpu-wieght = \"linear\"\n")
-            .unwrap_err()
-            .contains("cpu-wieght")
-    );
-    assert!(layer_drop_in(&base, false, "[policy]\nmemory-throttling-factor = 7.0\n").is_err());
-}
-
 fn kubelet_pod(root: &std::path::Path, id: &str, low: u64) -> api::PodSandbox {
     let cg = root.join(format!("kubepods/burstable/pod{id}"));
     std::fs::create_dir_all(&cg).unwrap();
@@ -139,4 +116,29 @@ fn event_mask_is_accepted_by_nri_v0_6_runtimes() {
     assert_ne!(EVENTS & 0x8, 0);
     assert_ne!(EVENTS & 0x80, 0);
     assert_ne!(EVENTS & 0x40, 0);
+}
+
+#[tokio::test]
+async fn synchronized_is_said_once_the_last_chunk_is_answered_and_forgotten_on_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plugin(dir.path());
+    let short = Duration::from_millis(10);
+    assert!(!p.wait_synchronized(short).await);
+    let chunk = |more| api::SynchronizeRequest {
+        more,
+        ..Default::default()
+    };
+    p.synchronize(&TtrpcContext::default(), chunk(true))
+        .await
+        .unwrap();
+    assert!(!p.wait_synchronized(short).await, "only a chunk so far");
+    p.synchronize(&TtrpcContext::default(), chunk(false))
+        .await
+        .unwrap();
+    assert!(p.wait_synchronized(short).await);
+    p.reset_session();
+    assert!(
+        !p.wait_synchronized(short).await,
+        "a new session syncs anew"
+    );
 }

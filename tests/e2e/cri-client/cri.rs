@@ -4,6 +4,7 @@
 //! fields we never set or read are simply absent (prost skips unknown fields).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use hyper_util::rt::TokioIo;
@@ -331,6 +332,10 @@ pub struct ListPodSandboxResponse {
     pub items: Vec<PodSandbox>,
 }
 
+/// Longest a CRI call may take, as crictl's `timeout` in the guest's
+/// crictl.yaml: far above a slow VM's seconds, far below the VM's timeout.
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// A CRI `RuntimeService` client over a unix socket, the way crictl talks to
 /// containerd.
 pub struct RuntimeClient {
@@ -360,14 +365,25 @@ impl RuntimeClient {
         Req: prost::Message + Send + Sync + 'static,
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
-        self.grpc.ready().await.context("CRI channel not ready")?;
-        let path = PathAndQuery::from_static(method);
-        let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
-        let resp = self
-            .grpc
-            .unary(tonic::Request::new(req), path, codec)
+        // A runtime that hangs (a deadlock inside it, say) must fail this
+        // call with its name, not leave the VM to its overall timeout.
+        let call = async {
+            self.grpc.ready().await.context("CRI channel not ready")?;
+            let path = PathAndQuery::from_static(method);
+            let codec = tonic_prost::ProstCodec::<Req, Resp>::default();
+            self.grpc
+                .unary(tonic::Request::new(req), path, codec)
+                .await
+                .map_err(|s| anyhow::anyhow!("{method}: {} ({:?})", s.message(), s.code()))
+        };
+        let resp = tokio::time::timeout(CALL_TIMEOUT, call)
             .await
-            .map_err(|s| anyhow::anyhow!("{method}: {} ({:?})", s.message(), s.code()))?;
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "{method}: no answer from the runtime within {} s (is it hung?)",
+                    CALL_TIMEOUT.as_secs()
+                )
+            })??;
         Ok(resp.into_inner())
     }
 

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use nri_qos::qos::explain::{self, ContainerReport, Driver, NodeSpec, PodReport};
+use nri_qos::explain::{self, ContainerReport, NodeSpec, PodReport};
+use nri_qos::node::layout::Driver;
 use nri_qos::qos::pod::parse_pod;
 use nri_qos::qos::PolicyConfig;
 use serde_json::Value;

@@ -111,6 +111,58 @@ pid_of() {
     return 1
 }
 
+# Lines of our log matching $1 (0 when there is no log yet).
+log_count() {
+    n="$(grep -c "$1" /var/log/nri-qos.log 2>/dev/null)"
+    echo "${n:-0}"
+}
+
+# Waits (at most 60 s) until our log holds more than $2 lines saying the
+# plugin (pid $1, still alive) was synchronized; $waited_s says how long.
+wait_synced() {
+    i=0
+    while [ "$(log_count 'synchronized with the runtime')" -le "$2" ] && kill -0 "$1" 2>/dev/null && [ $i -lt 300 ]; do
+        sleep 0.2
+        i=$((i + 1))
+    done
+    waited_s="$((i / 5)).$((i % 5 * 2))"
+    [ "$(log_count 'synchronized with the runtime')" -gt "$2" ]
+}
+
+# The tails of the runtime's and the plugin's logs.
+dump_logs() {
+    echo "---- ${RUNTIME_LOG##*/} (tail) ----"
+    tail -n 60 "$RUNTIME_LOG"
+    [ -f /var/log/nri-qos.log ] && { echo "---- nri-qos.log (tail) ----"; tail -n 40 /var/log/nri-qos.log; }
+}
+
+# Runs in the background: shortly before the host's VM timeout would kill a
+# hung run without a word, says what the runtime and the plugin were doing,
+# containerd's goroutines included (SIGUSR1 dumps them into its log), so a
+# hang in CI can be diagnosed from the console alone.
+watchdog() {
+    left=$(( ${E2E_VM_TIMEOUT:-600} - 60 - $(cut -d. -f1 /proc/uptime) ))
+    [ "$left" -gt 0 ] || return 0
+    sleep "$left"
+    # No FAIL of its own: a run that still finishes in time passes.
+    info "watchdog: the guest is still running 60 s before the VM timeout; hung? state follows"
+    ps | grep -v ' \[' # without kernel threads
+    if [ "$E2E_RUNTIME" = containerd ] && pid="$(pid_of "$RUNTIME_MATCH")"; then
+        kill -USR1 "$pid"
+        sleep 5
+        echo "---- containerd goroutines in NRI or waiting on a lock ----"
+        # containerd writes the dump to a file in /tmp and into its log (one
+        # logrus line with escaped newlines); the file when it is there.
+        f="$(ls -t /tmp/containerd.*.stacks.log 2>/dev/null | head -n 1)"
+        if [ -n "$f" ]; then cat "$f"; else
+            grep -a 'goroutine stack dump' "$RUNTIME_LOG" | tail -n 1 | awk '{ gsub(/\\n/, "\n"); gsub(/\\t/, "  "); print }'
+        fi | awk 'BEGIN { RS = ""; ORS = "\n\n" } /nri|sync\.\(\*(RW)?Mutex\)/' | head -n 300
+    fi
+    dump_logs
+}
+
+watchdog &
+
 # CPU time of every thread of process $1 in ns (schedstat).
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'; }
 
@@ -232,11 +284,20 @@ external)
             r=$((r + 1))
         done
     fi
+    syncs_before="$(log_count 'synchronized with the runtime')"
     /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock 2>/dev/null &
     plugin_pid=$!
-    sleep 2
-    if kill -0 "$plugin_pid" 2>/dev/null; then
-        check plugin.external PASS "pid $plugin_pid running"
+    # No pod before the plugin is synchronized: containerd 1.7 (NRI v0.6.1)
+    # takes its two NRI locks in one order to sync a new external plugin and
+    # in the other to pass on pod and container events, so a registration
+    # that overlaps pod creation can deadlock it for good (containerd#10085,
+    # fixed in 1.7.26). A fixed 2 s wait here let a slow machine's first pods
+    # meet the sync: the CI run that hung in its first pod creation.
+    if wait_synced "$plugin_pid" "$syncs_before"; then
+        check plugin.external PASS "pid $plugin_pid synchronized after $waited_s s"
+    elif kill -0 "$plugin_pid" 2>/dev/null; then
+        check plugin.external FAIL "pid $plugin_pid not synchronized after $waited_s s: $(tail -n 5 /var/log/nri-qos.log | tr '\n' ' ')"
+        rc=1
     else
         code=0
         wait "$plugin_pid" || code=$?
@@ -327,6 +388,37 @@ kubelet_qos_window() {
     echo 0 >"$cg/memory.min"; echo 0 >"$cg/burstable/memory.low"
 }
 
+# throttle, PSI-only phase: thr-podhigh stalls at its pod's memory.high (not
+# ours) with no event in its own cgroup. From our log since line $1: the
+# guard evicted that pod naming PSI, never relaxed it, and the node-pressure
+# path (memory.available) took no decision while node PSI was up.
+throttle_psi_only() {
+    uid=88888888-0024-4888-8888-888888888888
+    log="$(tail -n +"$1" /var/log/nri-qos.log 2>/dev/null | sed -e 's/\x1b\[[0-9;]*m//g')"
+    kill="$(echo "$log" | grep 'throttle persists' | grep "$uid" | head -n 1)"
+    relax="$(echo "$log" | grep 'memory.high throttle decision' | grep "$uid" | grep -c 'action="\{0,1\}relax')"
+    if echo "$kill" | grep -qE 'signal="?psi'; then
+        check throttle.psi_only_evicted PASS "$(echo "$kill" | grep -oE '^[^ ]+|signal="?[a-z]+"?' | tr '\n' ' ')"
+    else
+        check throttle.psi_only_evicted FAIL "no throttle kill of thr-podhigh with signal psi: ${kill:-none}"
+        rc=1
+    fi
+    if [ "$relax" -eq 0 ]; then
+        check throttle.psi_only_not_relaxed PASS "no relax decision for thr-podhigh"
+    else
+        check throttle.psi_only_not_relaxed FAIL "$relax relax decisions for thr-podhigh"
+        rc=1
+    fi
+    node="$(echo "$log" | grep -c 'memory pressure decision')"
+    calm="$(echo "$log" | grep 'without node shortage' | tail -n 1 | grep -oE 'available=[0-9]+|psi_node=[^ ]+ [^ ]+' | tr '\n' ' ')"
+    if [ "$node" -eq 0 ]; then
+        check throttle.psi_only_node_path_idle PASS "no node-pressure decision; last PSI wake: ${calm:-none}"
+    else
+        check throttle.psi_only_node_path_idle FAIL "$node node-pressure decisions during the scenario"
+        rc=1
+    fi
+}
+
 for s in $E2E_SCENARIOS; do
     info "scenario $s: start"
     log_from=$(( $(wc -l </var/log/nri-qos.log 2>/dev/null || echo 0) + 1 ))
@@ -348,6 +440,7 @@ for s in $E2E_SCENARIOS; do
         # Keep the pods for the audit, then clean up.
         /e2e/bin/cri-client "$@" --keep || rc=1
         [ "$s" = kubeletqos ] && kubelet_qos_window
+        [ "$s" = throttle ] && throttle_psi_only "$log_from"
         audit "$s"
         /e2e/bin/cri-client cleanup || rc=1
         monitor_actions "$log_from"
@@ -368,12 +461,6 @@ restart_containerd() {
     while [ ! -S /var/run/nri/nri.sock ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
 }
 
-# Lines of our log matching $1 (0 when there is no log yet).
-log_count() {
-    n="$(grep -c "$1" /var/log/nri-qos.log 2>/dev/null)"
-    echo "${n:-0}"
-}
-
 # Restarts containerd and waits (at most 30 s) until our log gains a line
 # matching $1, written by the pre-launched plugin process it starts. Sets
 # $new (that pid, or empty), $before (matching lines before) and $waited_s;
@@ -383,7 +470,7 @@ relaunch_plugin() {
     restart_containerd
     i=0
     while [ "$(log_count "$1")" -le "$before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
-    waited_s=$((i / 5))
+    waited_s="$((i / 5)).$((i % 5 * 2))"
     new="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
     [ -n "$new" ] && [ "$new" != "$2" ] && [ "$(log_count "$1")" -gt "$before" ]
 }
@@ -409,21 +496,20 @@ if [ "$E2E_PLUGIN" = external ] && [ "${E2E_RESILIENCE:-0}" = 1 ] && [ -n "$plug
     wait "$plugin_pid" 2>/dev/null
     info "resilience: plugin killed; creating pods without it"
     pods_without_plugin
+    syncs_before="$(log_count 'synchronized with the runtime')"
     /e2e/bin/nri-qos run --socket /var/run/nri/nri.sock 2>/dev/null &
     plugin_pid=$!
-    sleep 3
     # adjust-existing: the new session's Synchronize updates the running containers.
+    wait_synced "$plugin_pid" "$syncs_before" || info "resilience: restarted plugin not synchronized after $waited_s s"
     audit resilience.plugin_restarted
     info "resilience: restarting containerd under the running plugin"
-    connects_before="$(log_count 'connected to the runtime')"
+    syncs_before="$(log_count 'synchronized with the runtime')"
     restart_containerd
-    i=0
-    while [ "$(log_count 'connected to the runtime')" -le "$connects_before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
-    connects="$(log_count 'connected to the runtime')"
-    if kill -0 "$plugin_pid" 2>/dev/null && [ "$connects" -gt "$connects_before" ]; then
-        check resilience.reconnected PASS "same plugin process reconnected after $((i / 5)) s"
+    # Synchronized, not only connected, before pods come (see plugin.external).
+    if wait_synced "$plugin_pid" "$syncs_before"; then
+        check resilience.reconnected PASS "same plugin process reconnected and synchronized after $waited_s s"
     else
-        check resilience.reconnected FAIL "connects=$connects alive=$(kill -0 "$plugin_pid" 2>/dev/null && echo yes || echo no)"
+        check resilience.reconnected FAIL "syncs=$(log_count 'synchronized with the runtime') (before $syncs_before) alive=$(kill -0 "$plugin_pid" 2>/dev/null && echo yes || echo no)"
         rc=1
     fi
     /e2e/bin/cri-client cleanup >/dev/null 2>&1
@@ -510,8 +596,6 @@ if [ -n "$plugin_pid" ]; then
     fi
 fi
 if [ $rc -ne 0 ] || [ "${E2E_VERBOSE:-0}" = 1 ]; then
-    echo "---- ${RUNTIME_LOG##*/} (tail) ----"
-    tail -n 60 "$RUNTIME_LOG"
-    [ -f /var/log/nri-qos.log ] && { echo "---- nri-qos.log (tail) ----"; tail -n 40 /var/log/nri-qos.log; }
+    dump_logs
 fi
 finish $rc

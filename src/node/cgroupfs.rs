@@ -1,10 +1,14 @@
-//! Parsers for the flat files the monitor reads: `memory.stat`,
-//! `memory.events(.local)`, `/proc/meminfo`, single-value files and
-//! `cgroup.events`. Junk yields an error naming file and line, never a panic.
+//! Reading and writing cgroup (and `/proc`) files on an injected root:
+//! `memory.stat`, `memory.events(.local)`, `/proc/meminfo`, single-value
+//! files, `cgroup.events`, memory protection, and one-write updates of an
+//! existing file. Junk yields an error naming file and line, never a panic.
 
 use std::collections::HashMap;
-use std::io;
+use std::fs::OpenOptions;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+
+use serde::Serialize;
 
 /// A file that could not be read or parsed.
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +161,119 @@ pub fn working_set(usage: u64, inactive_file: u64) -> u64 {
     usage.saturating_sub(inactive_file)
 }
 
+/// A cgroup file that could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("write {value:?} to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Writes an existing cgroup file in one write; never creates files.
+pub fn write_file(path: &Path, value: &str) -> Result<(), WriteError> {
+    let failed = |source| WriteError::Write {
+        path: path.to_path_buf(),
+        value: value.to_string(),
+        source,
+    };
+    // O_TRUNC is ignored by cgroupfs and keeps plain files in fake trees exact.
+    let mut f = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(failed)?;
+    f.write_all(value.as_bytes()).map_err(failed)
+}
+
+/// A small file's text, trimmed; `None` when unreadable.
+pub fn read_trimmed(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// The kernel keeps memory.min/low in whole pages (a write is rounded down),
+/// so targets are too: otherwise every pass would see a difference, rewrite,
+/// and `audit` would flag the rounding as drift.
+pub const PAGE_SIZE: u64 = 4096;
+
+/// memory.min / memory.low of one cgroup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Protection {
+    pub min: u64,
+    pub low: u64,
+}
+
+/// memory.min / memory.low of the cgroup at `dir` (0 where unreadable;
+/// `max` reads as `u64::MAX`).
+pub fn read_protection(dir: &Path) -> Protection {
+    let value = |f: &str| {
+        read_single(&dir.join(f))
+            .map(|v| v.unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    };
+    Protection {
+        min: value("memory.min"),
+        low: value("memory.low"),
+    }
+}
+
+/// With no record of what we wrote (a restart, `audit`): more protection
+/// than our own policy gives the cgroup before any budget scaling is
+/// someone else's. Our earlier values never exceed it (scaling only lowers
+/// them), while the kubelet's exact requests exceed our estimates and its
+/// alpha memory.min sits where we would write memory.low.
+pub fn exceeds(current: Protection, ours_unscaled: Protection) -> bool {
+    current.min > ours_unscaled.min || current.low > ours_unscaled.low
+}
+
+/// Who writes a value: decided once per cgroup (and only ever moved from
+/// nri-qos to the kubelet), so two writers never take turns on one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Owner {
+    /// The kubelet's Memory QoS: never written, never drift.
+    Kubelet,
+    /// nri-qos sets it (container adjustment or the hierarchy keeper).
+    NriQos,
+    /// Left to the runtime as the CRI request had it.
+    Runtime,
+}
+
+impl Owner {
+    pub fn label(self) -> &'static str {
+        match self {
+            Owner::Kubelet => "kubelet",
+            Owner::NriQos => "nri-qos",
+            Owner::Runtime => "runtime",
+        }
+    }
+}
+
+/// A container the monitor's throttle guard relaxed, judged from the tree
+/// alone (so it holds across a restart of the plugin): its memory.high
+/// (`high`, as in the file) is its memory.max or `max`, while the policy
+/// wants `wanted`, a lower value. The policy leaves it so until the
+/// container restarts or is resized, and `audit` shows it instead of
+/// reporting drift.
+pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
+    let (wanted, high, max) = (wanted.trim(), high.trim(), max.trim());
+    wanted != high && wanted != "max" && (high == max || high == "max")
+}
+
+/// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
+pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    match (read("memory.high"), read("memory.max")) {
+        (Some(high), Some(max)) => is_relaxed(wanted, &high, &max),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +325,38 @@ mod tests {
         assert!(parse_pids(p(), "0\n", 10).is_err());
         assert_eq!(working_set(10, 20), 0);
         assert_eq!(working_set(30, 20), 10);
+    }
+
+    #[test]
+    fn throttle_relaxed_judged_from_the_tree() {
+        assert!(is_relaxed("247463936", "268435456\n", "268435456\n"));
+        assert!(is_relaxed("247463936", "max", "max"));
+        assert!(!is_relaxed("247463936", "247463936", "268435456"));
+        // Not ours to call relaxed: the policy wants no memory.high at all,
+        // or someone set another value.
+        assert!(!is_relaxed("max", "max", "max"));
+        assert!(!is_relaxed("247463936", "250000000", "268435456"));
+    }
+
+    #[test]
+    fn protection_reads_max_and_junk() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(read_protection(d.path()), Protection::default());
+        std::fs::write(d.path().join("memory.min"), "max\n").unwrap();
+        std::fs::write(d.path().join("memory.low"), "junk\n").unwrap();
+        assert_eq!(
+            read_protection(d.path()),
+            Protection {
+                min: u64::MAX,
+                low: 0
+            }
+        );
+        std::fs::write(d.path().join("memory.low"), " 8192\n").unwrap();
+        assert_eq!(read_protection(d.path()).low, 8192);
+        let f = d.path().join("memory.high");
+        assert!(write_file(&d.path().join("nope"), "1").is_err());
+        std::fs::write(&f, "123456").unwrap();
+        write_file(&f, "max").unwrap();
+        assert_eq!(read_trimmed(&f).as_deref(), Some("max"));
     }
 }

@@ -1,0 +1,325 @@
+//! Configuration, every layer in one place: defaults, then a TOML file
+//! ([`Config::locate`]), then `NRI_QOS_*` environment variables
+//! ([`Config::apply_env`]), then the runtime's drop-in config
+//! ([`layer_drop_in`], policy and dry-run only), then command-line flags
+//! ([`Config::for_plugin`], [`MonitorArgs::resolve`]).
+//! Unknown keys and unknown `NRI_QOS_*` variables are errors that name them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::cgroup::HierarchyConfig;
+use crate::kube::KubernetesConfig;
+use crate::pressure::throttle::ThrottleConfig;
+use crate::pressure::MonitorConfig;
+use crate::qos::PolicyConfig;
+
+mod env;
+mod flags;
+#[cfg(test)]
+mod tests;
+
+pub use env::{env_variables, process_env, ENV_PREFIX, ENV_RESERVED, ENV_TABLES};
+pub use flags::{Launch, LogFormat, MonitorArgs, MonitorSettings, RunArgs};
+
+/// Where the runtime's NRI socket lives by default (containerd and CRI-O).
+pub const DEFAULT_SOCKET: &str = "/var/run/nri/nri.sock";
+/// Config file read when no `--config` is given and the file exists.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/nri-qos/nri-qos.toml";
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Config {
+    pub plugin: PluginConfig,
+    pub node: NodeConfig,
+    pub policy: PolicyConfig,
+    pub hierarchy: HierarchyConfig,
+    pub monitor: MonitorConfig,
+    /// The memory.high throttle guard of the monitor.
+    pub throttle: ThrottleConfig,
+    pub metrics: MetricsConfig,
+    pub kubernetes: KubernetesConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct PluginConfig {
+    /// Name we register with (pre-launched: the runtime's NRI_PLUGIN_NAME wins).
+    pub name: String,
+    /// Two-digit index deciding our place among plugins.
+    pub index: String,
+    /// NRI socket for the external launch mode.
+    pub socket: PathBuf,
+    /// Compute and log adjustments without returning them.
+    pub dry_run: bool,
+    /// Apply the policy to containers that already run when we connect.
+    pub adjust_existing: bool,
+    /// Log format: "text" or "json".
+    pub log_format: String,
+    /// Log level or tracing filter, e.g. "info" or "nri_qos=debug".
+    pub log_level: String,
+    /// Also append logs to this file (stderr always gets them).
+    pub log_file: Option<PathBuf>,
+    /// Run the node pressure monitor in the plugin process, fed with the
+    /// runtime's pod list.
+    pub with_monitor: bool,
+}
+
+impl Default for PluginConfig {
+    fn default() -> Self {
+        PluginConfig {
+            name: "nri-qos".into(),
+            index: "10".into(),
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            dry_run: false,
+            adjust_existing: true,
+            log_format: "text".into(),
+            log_level: "info".into(),
+            log_file: None,
+            with_monitor: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct NodeConfig {
+    /// cgroup v2 mount point (read to detect v1/v2; the hierarchy keeper writes below it).
+    pub cgroup_root: PathBuf,
+    /// procfs mount point.
+    pub proc_root: PathBuf,
+    /// Node allocatable memory in bytes; 0 = MemTotal.
+    pub memory_allocatable: u64,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            proc_root: PathBuf::from("/proc"),
+            memory_allocatable: 0,
+        }
+    }
+}
+
+/// Default address of the metrics endpoint (loopback only, see [`MetricsConfig`]).
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9464";
+
+/// `[metrics]`: the optional Prometheus endpoint of [`crate::metrics`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct MetricsConfig {
+    /// Serve `GET /metrics` and `GET /healthz`.
+    pub enabled: bool,
+    /// Where to listen; must be a loopback address (we run as root next to
+    /// the runtime, so nothing listens beyond localhost).
+    pub address: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: false,
+            address: SocketAddr::from(([127, 0, 0, 1], 9464)),
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config value {field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error(
+        "unknown environment variable {var}: not one of the NRI_QOS_* settings ([policy] and [monitor] are file-only)"
+    )]
+    UnknownEnv { var: String },
+    #[error("invalid environment variable {var} (config value {field}): {reason}")]
+    Env {
+        var: String,
+        field: &'static str,
+        reason: String,
+    },
+}
+
+/// Longest `hierarchy.resync-seconds`: a retry an hour apart is already no
+/// retry; beyond that a typo (or i64::MAX) would mean never.
+pub const MAX_RESYNC_SECONDS: u64 = 3600;
+
+/// `hierarchy.budget-share`: a share of memory, so a finite number in
+/// (0, 1]. nan or a negative share would compute a budget of 0 and strip
+/// every pod of its protection; `hierarchy.enabled = false` turns it off.
+fn check_budget_share(v: f64) -> Result<(), String> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{v} is not a share in (0, 1] (to turn the keeper off: hierarchy.enabled = false)"
+        ))
+    }
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names the source in errors.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_path_buf(),
+            message: e.to_string().trim().replace('\n', " "),
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The file layer: `explicit`, else [`DEFAULT_CONFIG_PATH`] when it
+    /// exists, else the defaults.
+    pub fn locate(explicit: Option<&Path>) -> Result<Config, ConfigError> {
+        match explicit {
+            Some(p) => Config::load(p),
+            None if Path::new(DEFAULT_CONFIG_PATH).is_file() => {
+                Config::load(Path::new(DEFAULT_CONFIG_PATH))
+            }
+            None => Ok(Config::default()),
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_toml(&text, path)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        crate::nri::Identity::new(&self.plugin.name, &self.plugin.index).map_err(|e| {
+            ConfigError::Invalid {
+                field: "plugin.name/plugin.index",
+                reason: e.to_string(),
+            }
+        })?;
+        self.monitor.validate().map_err(|e| ConfigError::Invalid {
+            field: "monitor",
+            reason: e.to_string(),
+        })?;
+        self.throttle.validate().map_err(|e| ConfigError::Invalid {
+            field: "throttle",
+            reason: e.to_string(),
+        })?;
+        self.policy
+            .validate()
+            .map_err(|reason| ConfigError::Invalid {
+                field: "policy",
+                reason,
+            })?;
+        check_budget_share(self.hierarchy.budget_share).map_err(|reason| ConfigError::Invalid {
+            field: "hierarchy.budget-share",
+            reason,
+        })?;
+        crate::observability::check_level(&self.plugin.log_level).map_err(|reason| {
+            ConfigError::Invalid {
+                field: "plugin.log-level",
+                reason,
+            }
+        })?;
+        for (field, path) in [
+            ("plugin.socket", &self.plugin.socket),
+            ("node.cgroup-root", &self.node.cgroup_root),
+            ("node.proc-root", &self.node.proc_root),
+        ] {
+            if path.as_os_str().is_empty() {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: "empty path".into(),
+                });
+            }
+        }
+        let resync = self.hierarchy.resync_seconds;
+        if !(1..=MAX_RESYNC_SECONDS).contains(&resync) {
+            return Err(ConfigError::Invalid {
+                field: "hierarchy.resync-seconds",
+                reason: format!("{resync} is not in 1..={MAX_RESYNC_SECONDS}"),
+            });
+        }
+        if !matches!(self.plugin.log_format.as_str(), "text" | "json") {
+            return Err(ConfigError::Invalid {
+                field: "plugin.log-format",
+                reason: format!("{:?} is not \"text\" or \"json\"", self.plugin.log_format),
+            });
+        }
+        self.kubernetes
+            .validate()
+            .map_err(|e| ConfigError::Invalid {
+                field: "kubernetes",
+                reason: e.to_string(),
+            })?;
+        if !self.metrics.address.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                field: "metrics.address",
+                reason: format!(
+                    "{} is not a loopback address; the endpoint only listens on localhost",
+                    self.metrics.address
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// The monitor's settings: `[monitor]` with its `[throttle]` table.
+    pub fn monitor_config(&self) -> MonitorConfig {
+        let mut m = self.monitor.clone();
+        m.throttle = self.throttle.clone();
+        m
+    }
+
+    /// Where the monitor reads the node from.
+    pub fn monitor_paths(&self) -> crate::pressure::Paths {
+        crate::pressure::Paths {
+            cgroup_root: self.node.cgroup_root.clone(),
+            proc_root: self.node.proc_root.clone(),
+        }
+    }
+}
+
+/// The runtime drop-in layer: `base` with the drop-in's `[policy]` keys and
+/// `plugin.dry-run` on top. The whole text is validated as a config file
+/// first (unknown keys and bad values are errors that name them).
+pub fn layer_drop_in(
+    base: &PolicyConfig,
+    base_dry_run: bool,
+    text: &str,
+) -> Result<(PolicyConfig, bool), String> {
+    let origin = Path::new("<runtime drop-in config>");
+    Config::from_toml(text, origin).map_err(|e| e.to_string())?;
+    let overlay: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let mut policy = toml::Table::try_from(base).map_err(|e| e.to_string())?;
+    if let Some(toml::Value::Table(p)) = overlay.get("policy") {
+        policy.extend(p.clone());
+    }
+    let policy: PolicyConfig = toml::Value::Table(policy)
+        .try_into()
+        .map_err(|e: toml::de::Error| e.to_string())?;
+    policy.validate()?;
+    let dry_run = overlay
+        .get("plugin")
+        .and_then(|p| p.get("dry-run"))
+        .and_then(toml::Value::as_bool)
+        .unwrap_or(base_dry_run);
+    Ok((policy, dry_run))
+}
+
+/// [`layer_drop_in`] over `base` as the plugin's [`crate::nri::plugin::DropInLayer`].
+pub fn drop_in_layer(base: PolicyConfig, base_dry_run: bool) -> crate::nri::plugin::DropInLayer {
+    std::sync::Arc::new(move |text: &str| layer_drop_in(&base, base_dry_run, text))
+}

@@ -1,0 +1,160 @@
+//! The kubelet's side of a pod, as `explain` simulates it: its Memory QoS
+//! `unified` keys (KEP-2570) and its oom_score_adj (kubelet-qos.md).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::NodeSpec;
+use crate::node::QosClass;
+use crate::qos::formulas as f;
+use crate::qos::pod::Pod;
+
+/// The kubelet's Memory QoS as `explain` simulates it (KEP-2570,
+/// kubelet-qos.md §4): which protection it sends in the CRI `unified` map
+/// and its memoryThrottlingFactor (memory.high), if any.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KubeletMemoryQosSim {
+    pub mode: KubeletMode,
+    pub throttling_factor: Option<f64>,
+    /// The BestEffort memory.high fix (in the 1.37 beta): BestEffort gets
+    /// memory.high from node allocatable; before it, none.
+    pub besteffort_high: bool,
+}
+
+/// Protection the kubelet writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KubeletMode {
+    /// No Memory QoS protection (gate off, or 1.36+ `memoryReservationPolicy: None`).
+    #[default]
+    None,
+    /// 1.27-1.35: memory.min = request on every container, pod, QoS cgroup.
+    Alpha,
+    /// 1.36+ TieredReservation: Guaranteed memory.min, Burstable memory.low.
+    Tiered,
+}
+
+impl KubeletMemoryQosSim {
+    /// Defaults of a kubelet `major.minor` with the given mode (`None`: its
+    /// default): before 1.37 the gate is off; 1.37 turns it on with the
+    /// `None` reservation policy and no factor, so nothing is written unless
+    /// configured. The factor defaults to 0.9 before 1.37 and to none after.
+    pub fn for_version(
+        version: &str,
+        mode: Option<KubeletMode>,
+        factor: Option<f64>,
+    ) -> Result<Self, String> {
+        let minor = version
+            .trim_start_matches('v')
+            .strip_prefix("1.")
+            .and_then(|m| m.split('.').next())
+            .and_then(|m| m.parse::<u32>().ok())
+            .ok_or_else(|| format!("kubelet version must look like 1.37, not {version:?}"))?;
+        let mode = mode.unwrap_or_default();
+        match mode {
+            KubeletMode::Alpha if !(27..=35).contains(&minor) => {
+                return Err(format!(
+                "the alpha Memory QoS (memory.min everywhere) is kubelet 1.27-1.35, not 1.{minor}"
+            ))
+            }
+            KubeletMode::Tiered if minor < 36 => {
+                return Err(format!(
+                    "TieredReservation needs kubelet 1.36 or later, not 1.{minor}"
+                ))
+            }
+            _ => {}
+        }
+        if let Some(f) = factor {
+            if !(f.is_finite() && f > 0.0 && f <= 1.0) {
+                return Err(format!(
+                    "memory throttling factor must be in (0, 1], not {f}"
+                ));
+            }
+        }
+        let throttling_factor = match (mode, factor) {
+            (KubeletMode::None, _) => None,
+            (_, Some(f)) => Some(f),
+            (_, None) if minor < 37 => Some(0.9),
+            (_, None) => None,
+        };
+        Ok(KubeletMemoryQosSim {
+            mode,
+            throttling_factor,
+            besteffort_high: minor >= 37,
+        })
+    }
+
+    /// The Memory QoS keys the kubelet puts in a container's `unified` map.
+    pub fn unified(
+        &self,
+        class: QosClass,
+        request: u64,
+        limit: Option<u64>,
+        node: &NodeSpec,
+    ) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        if self.mode == KubeletMode::None || !node.cgroup_v2 {
+            return m;
+        }
+        let key = match (self.mode, class) {
+            (KubeletMode::Tiered, QosClass::Burstable) => Some("memory.low"),
+            (_, QosClass::BestEffort) => None,
+            _ => Some("memory.min"),
+        };
+        if let (Some(k), true) = (key, request > 0) {
+            m.insert(k.to_string(), request.to_string());
+        }
+        let high = match (class, self.throttling_factor) {
+            (QosClass::Guaranteed, _) | (_, None) => None,
+            (QosClass::BestEffort, Some(_)) if !self.besteffort_high => None,
+            (_, Some(f)) => {
+                f::memory_high(request, limit, node.memory_allocatable, f, node.page_size)
+            }
+        };
+        if let Some(h) = high {
+            m.insert("memory.high".into(), h.to_string());
+        }
+        m
+    }
+}
+
+fn is_node_critical(pod: &Pod) -> bool {
+    pod.spec.priority_class_name == "system-node-critical"
+}
+
+/// kubelet `GetContainerOOMScoreAdjust` (policy.go, v1.34 era).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn oom_score_adj(
+    pod: &Pod,
+    class: QosClass,
+    mem_request: u64,
+    remaining: u64,
+    sidecar: bool,
+    min_regular_request: Option<u64>,
+    capacity: u64,
+) -> i64 {
+    if is_node_critical(pod) {
+        return f::GUARANTEED_OOM_SCORE_ADJ;
+    }
+    match class {
+        QosClass::Guaranteed => return f::GUARANTEED_OOM_SCORE_ADJ,
+        QosClass::BestEffort => return f::BESTEFFORT_OOM_SCORE_ADJ,
+        QosClass::Burstable => {}
+    }
+    let cap = capacity.max(1) as u128;
+    let raw = |req: u64| 1000 - (1000 * (req as u128 + remaining as u128) / cap).min(2000) as i64;
+    let mut adj = raw(mem_request);
+    if sidecar {
+        if let Some(min_req) = min_regular_request {
+            adj = adj.min(raw(min_req));
+        }
+    }
+    if adj < 1000 + f::GUARANTEED_OOM_SCORE_ADJ {
+        return 3;
+    }
+    if adj == 1000 {
+        return 999;
+    }
+    adj
+}
