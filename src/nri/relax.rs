@@ -1,6 +1,8 @@
 //! Relaxing a container's memory.high for the monitor's throttle guard
 //! through the runtime (`Runtime/UpdateContainers` on the session's conn 2),
 //! so the runtime's own record of the container agrees with the kernel.
+//! Only with `[throttle] relax-via = "runtime"`: before containerd/nri#301
+//! this call can deadlock containerd (see `node::relax::RelaxVia`).
 //!
 //! Never from inside an NRI handler (the runtime holds its lock while it
 //! waits for our reply, and our call would wait for that lock): the monitor
