@@ -25,8 +25,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nri_qos::node::registry::NoPods;
 use nri_qos::pressure::act::Syscalls;
-use nri_qos::pressure::{Monitor, MonitorConfig, NoPods, Paths, Wake};
+use nri_qos::pressure::{Monitor, MonitorConfig, Paths, Wake};
 
 const MI: u64 = 1 << 20;
 const TOTAL: u64 = 16 << 30;

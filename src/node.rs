@@ -31,6 +31,10 @@ pub struct NodeFacts {
     pub cgroup_v2: bool,
 }
 
+pub mod cluster;
+pub mod registry;
+pub mod relax;
+
 #[derive(Debug, Error)]
 pub enum NodeError {
     #[error("cannot read {path}")]

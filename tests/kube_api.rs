@@ -39,9 +39,9 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
 use nri_qos::kube::{Credentials, Kube, PodStore};
-use nri_qos::pressure::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice};
+use nri_qos::node::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice};
+use nri_qos::node::registry::PodRegistry;
 use nri_qos::pressure::rank::{self, Candidate, RankPolicy};
-use nri_qos::pressure::PodRegistry;
 use nri_qos::qos::QosClass;
 use serde_json::json;
 

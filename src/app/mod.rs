@@ -43,7 +43,7 @@ pub fn run_monitor(args: MonitorArgs) -> Result<(), AppError> {
     }
     runtime()?.block_on(async {
         tokio::select! {
-            r = pressure::run(cfg, paths, Arc::new(pressure::NoPods)) => r.context("monitor"),
+            r = pressure::run(cfg, paths, Arc::new(crate::node::registry::NoPods)) => r.context("monitor"),
             _ = shutdown_signal() => Ok(()),
         }
     })
@@ -156,25 +156,20 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
             );
         }
         if cfg.plugin.with_monitor {
-            let pods = Arc::new(crate::pressure::SharedRegistry::default());
-            tokio::spawn(crate::nri::feed::feed_monitor(
-                plugin.registry(),
-                plugin.subscribe_changes(),
-                pods.clone(),
-            ));
+            let pods: Arc<dyn crate::node::registry::PodRegistry> = plugin.registry();
             let paths = cfg.monitor_paths();
             let monitor_cfg = cfg.monitor_config();
             let metrics = cfg.metrics.enabled.then(|| plugin.metrics());
             // The API server's facts (exact request, priority, static pods)
             // first; the runtime's for pods it does not know (yet).
-            let registry: Arc<dyn crate::pressure::PodRegistry> = match &kube {
-                Some(k) => Arc::new(crate::pressure::registry::Layered(vec![k.store(), pods])),
+            let registry: Arc<dyn crate::node::registry::PodRegistry> = match &kube {
+                Some(k) => Arc::new(crate::node::registry::Layered(vec![k.store(), pods])),
                 None => pods,
             };
             let cluster = kube
                 .clone()
-                .map(|k| Arc::new(k) as Arc<dyn crate::pressure::cluster::ClusterEvictions>);
-            let (relaxer, relax_task) = crate::nri::relax::relaxer();
+                .map(|k| Arc::new(k) as Arc<dyn crate::node::cluster::ClusterEvictions>);
+            let (relaxer, relax_task) = crate::nri::relax::relaxer(Arc::new(crate::pressure::throttle::FileRelaxer));
             tokio::spawn(relax_task);
             tokio::spawn(async move {
                 if let Err(e) = crate::pressure::run_in_plugin(

@@ -22,8 +22,8 @@ use tracing::{debug, error, info, warn};
 use super::plan::{self, PodProtection, Write};
 use crate::node::cgroupfs::{exceeds, read_populated, read_protection, Owner, Protection};
 use crate::node::layout::{pod_cgroups, PodCgroups};
+use crate::node::registry::{Registry, SharedRegistry};
 use crate::node::{join_inside, UnsafePath};
-use crate::nri::plugin::Registry;
 use crate::qos::KubeletMemoryQos;
 
 /// `[hierarchy]` in `config/nri-qos.toml`.
@@ -219,10 +219,10 @@ impl Keeper {
         }
         let mut out = Vec::new();
         for (pod_id, pod) in &reg.pods {
-            let parent = &pod.facts.cgroup_parent;
+            let parent = &pod.cgroup_parent;
             let Some(cgroups) = pod_cgroups(parent) else {
                 if !parent.is_empty() && self.warned_layouts.insert(parent.clone()) {
-                    info!(cgroup_parent = %parent, pod = %pod.facts.name, "not a kubelet cgroup layout; pod-level protection left alone");
+                    info!(cgroup_parent = %parent, pod = %pod.name, "not a kubelet cgroup layout; pod-level protection left alone");
                 }
                 continue;
             };
@@ -482,7 +482,7 @@ impl Keeper {
 /// every `resync_seconds`. File I/O runs off the NRI handler path.
 pub async fn run(
     keeper: Keeper,
-    registry: Arc<Mutex<Registry>>,
+    registry: SharedRegistry,
     mut changes: tokio::sync::watch::Receiver<u64>,
     resync: Duration,
     metrics: Option<Arc<crate::metrics::Metrics>>,
@@ -539,15 +539,15 @@ pub async fn run(
 pub fn layouts(reg: &Registry) -> Vec<PodCgroups> {
     reg.pods
         .values()
-        .filter_map(|p| pod_cgroups(&p.facts.cgroup_parent))
+        .filter_map(|p| pod_cgroups(&p.cgroup_parent))
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nri::plugin::{ContainerRecord, PodRecord};
-    use crate::qos::{PodFacts, QosClass};
+    use crate::node::registry::{ContainerRecord, PodRecord};
+    use crate::qos::QosClass;
     use std::collections::BTreeMap;
 
     /// A memory.min/low value as the kernel shows it (`max` = u64::MAX).
@@ -576,11 +576,9 @@ mod tests {
                 pod.to_string(),
                 PodRecord {
                     id: pod.to_string(),
-                    facts: PodFacts {
-                        name: pod.to_string(),
-                        cgroup_parent: parent.to_string(),
-                        ..Default::default()
-                    },
+                    name: pod.to_string(),
+                    cgroup_parent: parent.to_string(),
+                    ..Default::default()
                 },
             );
             reg.containers.insert(
@@ -867,7 +865,7 @@ mod tests {
                 3 | 4 => {
                     let ids: Vec<String> = reg.pods.keys().cloned().collect();
                     if let Some(id) = ids.get(rng.below(ids.len() as u64) as usize) {
-                        let cg = pod_cgroups(&reg.pods[id].facts.cgroup_parent).unwrap().pod;
+                        let cg = pod_cgroups(&reg.pods[id].cgroup_parent).unwrap().pod;
                         reg.pods.remove(id);
                         reg.containers.retain(|_, c| &c.pod_id != id);
                         std::fs::remove_dir_all(root.join(&cg)).unwrap();
@@ -916,7 +914,7 @@ mod tests {
                         if !id.starts_with('u') {
                             continue;
                         }
-                        let cg = pod_cgroups(&p.facts.cgroup_parent).unwrap().pod;
+                        let cg = pod_cgroups(&p.cgroup_parent).unwrap().pod;
                         let want: u64 = reg
                             .containers
                             .values()

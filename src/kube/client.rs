@@ -19,7 +19,7 @@ use super::facts::{self, PodFacts};
 use super::store::PodStore;
 use super::{Credentials, KubeError};
 use crate::metrics::Metrics;
-use crate::pressure::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice};
+use crate::node::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice};
 
 /// Requests waiting for the API thread; more are refused, never queued
 /// without bound (the monitor then kills as it would without the API).

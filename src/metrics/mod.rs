@@ -216,8 +216,8 @@ impl Metrics {
     }
 
     /// Counts one Eviction by its outcome.
-    pub fn inc_kube_eviction(&self, outcome: crate::pressure::cluster::EvictOutcome) {
-        use crate::pressure::cluster::EvictOutcome::*;
+    pub fn inc_kube_eviction(&self, outcome: crate::node::cluster::EvictOutcome) {
+        use crate::node::cluster::EvictOutcome::*;
         let i = match outcome {
             Created => 0,
             RefusedByPdb => 1,
@@ -495,7 +495,7 @@ mod tests {
         );
         m.set_kube_configured();
         m.set_kube_connected(true);
-        m.inc_kube_eviction(crate::pressure::cluster::EvictOutcome::RefusedByPdb);
+        m.inc_kube_eviction(crate::node::cluster::EvictOutcome::RefusedByPdb);
         m.set_kube_watch_lag(Duration::from_millis(1500));
         let text = m.render();
         assert!(text.contains("nri_qos_kube_connected 1"), "{text}");

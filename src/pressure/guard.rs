@@ -74,7 +74,7 @@ impl Monitor {
                         log("relax", "dry-run");
                         continue;
                     }
-                    match self.relaxer.relax(s) {
+                    match self.relaxer.relax(&s.relax_request()) {
                         Ok(route) => {
                             log("relax", route);
                             if let Some(m) = &self.metrics {

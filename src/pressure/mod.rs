@@ -31,7 +31,6 @@
 
 pub mod act;
 pub mod cli;
-pub mod cluster;
 pub mod config;
 pub mod decide;
 mod guard;
@@ -39,7 +38,6 @@ pub mod measure;
 pub mod protect;
 pub mod psi;
 pub mod rank;
-pub mod registry;
 pub mod throttle;
 pub mod tree;
 mod triggers;
@@ -57,8 +55,10 @@ pub use measure::{
     cgroup_working_set, derive_request, measure, measure_node, NodeMemory, POD_USAGE_SOURCE,
     WS_MEMINFO, WS_ROOT_STAT,
 };
-pub use registry::{NoPods, PodInfo, PodRegistry, RequestSource, SharedRegistry};
 
+use crate::node::cluster;
+use crate::node::registry::PodRegistry;
+use crate::node::relax::Relaxer;
 use act::ProcessOps;
 use decide::{Decider, Plan, Reason, Verdict};
 use measure::limit_hits;
@@ -243,7 +243,7 @@ pub struct Monitor {
     /// The per-container memory.high throttle guard and its cheap filter.
     guard: throttle::Guard,
     throttle_filter: throttle::Filter,
-    relaxer: Arc<dyn throttle::Relaxer>,
+    relaxer: Arc<dyn Relaxer>,
     /// Evictions through the API server, when it is configured.
     cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
 }
@@ -299,7 +299,7 @@ impl Monitor {
 
     /// Relaxes memory.high through `relaxer` (the plugin's NRI session)
     /// instead of writing the cgroup file.
-    pub fn with_relaxer(mut self, relaxer: Arc<dyn throttle::Relaxer>) -> Self {
+    pub fn with_relaxer(mut self, relaxer: Arc<dyn Relaxer>) -> Self {
         self.relaxer = relaxer;
         self
     }
@@ -1093,7 +1093,7 @@ pub async fn run_in_plugin(
     pods: Arc<dyn PodRegistry>,
     metrics: Option<Arc<crate::metrics::Metrics>>,
     cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
-    relaxer: Arc<dyn throttle::Relaxer>,
+    relaxer: Arc<dyn Relaxer>,
 ) -> Result<(), MonitorError> {
     cfg.validate()?;
     if cfg.lock_memory {

@@ -7,7 +7,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::path::PathBuf;
 
-use super::registry::RequestSource;
+use crate::node::registry::RequestSource;
 use crate::qos::QosClass;
 
 /// One pod as the ranking sees it.
@@ -160,7 +160,7 @@ mod tests {
             class_source: "registry",
             working_set: ws,
             request: req,
-            request_source: RequestSource::PodSpec,
+            request_source: RequestSource::Annotation,
             priority: prio,
             pause_only: false,
             static_pod: false,

@@ -35,6 +35,7 @@ use super::config::HumanDuration;
 use super::{psi, MonitorError};
 use crate::node::cgroupfs as stat;
 use crate::node::layout::{container_id, Driver};
+use crate::node::relax::{RelaxRequest, Relaxer};
 use crate::qos::QosClass;
 
 /// PSI avg10 is a 10 s exponential average: after relaxing, the stall it
@@ -529,12 +530,16 @@ pub fn high_value(v: Option<u64>) -> String {
     v.map_or_else(|| "max".to_string(), |b| b.to_string())
 }
 
-/// How a relax reaches the kernel. The monitor calls it from its own
-/// thread, never from an NRI handler; it must not block for long.
-pub trait Relaxer: Send + Sync {
-    /// Raises the container's memory.high to [`Sample::relax_value`].
-    /// Returns the route taken, for the decision's log line.
-    fn relax(&self, s: &Sample) -> Result<&'static str, String>;
+impl Sample {
+    /// What relaxing this container asks for: memory.high up to
+    /// [`Sample::relax_value`].
+    pub fn relax_request(&self) -> RelaxRequest {
+        RelaxRequest {
+            container_id: self.id.clone(),
+            cgroup: self.path.clone(),
+            value: high_value(self.relax_value()),
+        }
+    }
 }
 
 /// Writes memory.high of the container cgroup: the monitor alone (no NRI
@@ -543,8 +548,8 @@ pub trait Relaxer: Send + Sync {
 pub struct FileRelaxer;
 
 impl Relaxer for FileRelaxer {
-    fn relax(&self, s: &Sample) -> Result<&'static str, String> {
-        stat::write_file(&s.path.join("memory.high"), &high_value(s.relax_value()))
+    fn relax(&self, r: &RelaxRequest) -> Result<&'static str, String> {
+        stat::write_file(&r.cgroup.join("memory.high"), &r.value)
             .map(|()| "cgroup-file")
             .map_err(|e| e.to_string())
     }
