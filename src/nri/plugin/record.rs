@@ -32,7 +32,7 @@ impl QosPlugin {
             request_source = ?decision.request_source,
             cpu_request_milli = decision.cpu_request_milli,
             adjustment = ?decision.adjustment,
-            took_us = started.elapsed().as_micros() as u64,
+            took_us = crate::node::time::micros(started.elapsed()),
             "policy decision"
         );
         for note in &decision.notes {
