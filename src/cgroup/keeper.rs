@@ -12,19 +12,22 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 
 use super::plan::{self, PodProtection, Write};
-use crate::node::cgroupfs::{exceeds, read_populated, read_protection, Owner, Protection};
+use crate::node::cgroupfs::{read_populated, read_protection, Owner, Protection};
 use crate::node::layout::{pod_cgroups, PodCgroups};
-use crate::node::registry::{Registry, SharedRegistry};
+use crate::node::registry::Registry;
 use crate::node::{join_inside, UnsafePath};
 use crate::qos::KubeletMemoryQos;
+
+mod owner;
+mod task;
+
+pub use task::run;
 
 /// `[hierarchy]` in `config/nri-qos.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -128,67 +131,6 @@ impl Keeper {
     /// Ownership decided so far, per cgroup (relative to the root).
     pub fn owners(&self) -> &HashMap<PathBuf, Owner> {
         &self.owners
-    }
-
-    /// Decides (or confirms) who owns `cg`. `kubelet_signal`: the runtime's
-    /// view says the kubelet protects it; `tree_check`: whether a value on
-    /// disk above anything we would write counts before we ever wrote there.
-    fn decide_owner(
-        &mut self,
-        cg: &Path,
-        kubelet_signal: bool,
-        current: Protection,
-        targets: &[Protection],
-        tree_check: bool,
-    ) -> Owner {
-        let before = self.owners.get(cg).copied();
-        if before == Some(Owner::Kubelet) {
-            return Owner::Kubelet;
-        }
-        let ours = self.ours.get(cg).copied();
-        let kubelet = match self.kubelet_memory_qos {
-            KubeletMemoryQos::Alpha | KubeletMemoryQos::Tiered => true,
-            KubeletMemoryQos::None => false,
-            KubeletMemoryQos::Auto => {
-                kubelet_signal
-                    || match ours {
-                        Some(_) => plan::foreign(current, ours, targets),
-                        None => {
-                            tree_check
-                                && exceeds(
-                                    current,
-                                    targets.iter().copied().fold(Protection::default(), |a, t| {
-                                        Protection {
-                                            min: a.min.max(t.min),
-                                            low: a.low.max(t.low),
-                                        }
-                                    }),
-                                )
-                        }
-                    }
-            }
-        };
-        let owner = if kubelet {
-            Owner::Kubelet
-        } else {
-            Owner::NriQos
-        };
-        if before != Some(owner) {
-            info!(
-                cgroup = %cg.display(),
-                owner = owner.label(),
-                memory_min = current.min,
-                memory_low = current.low,
-                "memory protection owner decided{}",
-                if kubelet { ": the kubelet's Memory QoS writes it, nri-qos never will" } else { "" }
-            );
-            self.owners.insert(cg.to_path_buf(), owner);
-        }
-        if owner == Owner::NriQos && ours.is_none() {
-            // What is there now is ours to change; a later change by anyone else is not.
-            self.ours.insert(cg.to_path_buf(), current);
-        }
-        owner
     }
 
     fn read_protection(&self, cg: &Path) -> Protection {
@@ -475,63 +417,6 @@ impl Keeper {
         self.stats.writes += report.written as u64;
         self.stats.failed_writes += report.failed as u64;
         report
-    }
-}
-
-/// Runs the keeper next to the plugin: a pass on every registry change and
-/// every `resync_seconds`. File I/O runs off the NRI handler path.
-pub async fn run(
-    keeper: Keeper,
-    registry: SharedRegistry,
-    mut changes: tokio::sync::watch::Receiver<u64>,
-    resync: Duration,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-) {
-    let keeper = Arc::new(Mutex::new(keeper));
-    loop {
-        let reg = registry.clone();
-        let k = keeper.clone();
-        let metrics = metrics.clone();
-        let pass = tokio::task::spawn_blocking(move || {
-            let mut k = k.lock().unwrap_or_else(|p| p.into_inner());
-            let pods = {
-                let reg = reg.lock().unwrap_or_else(|p| p.into_inner());
-                k.pods_from_registry(&reg)
-            };
-            let report = k.reconcile(&pods);
-            if let Some(m) = &metrics {
-                let kubelet = k
-                    .owners()
-                    .values()
-                    .filter(|o| **o == Owner::Kubelet)
-                    .count();
-                m.set_protection_owners(kubelet as u64, (k.owners().len() - kubelet) as u64);
-            }
-            // The plugin reads the decisions for later containers of these pods.
-            let mut reg = reg.lock().unwrap_or_else(|p| p.into_inner());
-            reg.owners
-                .retain(|cg, _| k.owners.contains_key(cg) || k.root.join(cg).exists());
-            for (cg, owner) in k.owners() {
-                reg.owners.insert(cg.clone(), *owner);
-            }
-            report
-        })
-        .await;
-        match pass {
-            Ok(r) if r.written > 0 || r.failed > 0 => info!(
-                written = r.written,
-                failed = r.failed,
-                missing = r.missing,
-                scaled = r.scaled,
-                "pod and QoS cgroup protection updated"
-            ),
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "hierarchy pass did not finish"),
-        }
-        tokio::select! {
-            changed = changes.changed() => if changed.is_err() { return },
-            _ = tokio::time::sleep(resync) => {}
-        }
     }
 }
 
