@@ -43,11 +43,7 @@ def pct(v, p):
 runs = len([k for k in summary if re.fullmatch(r"run\d+_kernel_oom_kills", k)])
 kill_at, wake_to_kill, met_to_kill, kill_to_empty, cross_to_kill, kill_call = {}, [], [], [], [], []
 victims, oom = [], 0
-for raw in monitor:
-    try:
-        j = json.loads(raw)
-    except ValueError:
-        continue
+for j in monitor:
     f = j.get("fields", {})
     msg, victim = f.get("message", ""), str(f.get("victim", ""))
     # pods are named hog<run>, g<run>, b<run>: the first kill of a run counts

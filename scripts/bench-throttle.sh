@@ -29,11 +29,7 @@ for name, lines in files.items():
             churn.setdefault(name[:-4], []).append((int(t), float(rate)))
 
 detect, relax = {}, {}
-for raw in monitor:
-    try:
-        j = json.loads(raw)
-    except ValueError:
-        continue
+for j in monitor:
     f = j.get("fields", {})
     pod = str(f.get("pod", ""))
     if f.get("message", "").startswith("container under memory.high throttle"):

@@ -10,9 +10,9 @@ vm_bench() {
 
 # Runs the Python report read from stdin over the console log $2 ($1 names
 # the bench in errors). Before it runs, the guest's `E2E-RAW <file> <line>`
-# lines are sorted into `summary` (summary.txt, key=value), `monitor`
-# (monitor.log lines) and `files` (every other file: name -> its lines), and
-# `ms()` turns tracing's RFC 3339 UTC timestamps into milliseconds.
+# lines are sorted into `summary` (summary.txt, key=value), `monitor` (the
+# JSON lines of monitor.log, parsed) and `files` (every other file: name ->
+# its lines), and `ms()` turns tracing's RFC 3339 UTC timestamps into ms.
 console_report() {
   {
     cat <<'PY'
@@ -28,7 +28,10 @@ for line in open(sys.argv[2], errors="replace"):
         k, _, v = rest.partition("=")
         summary[k] = v
     elif name == "monitor.log":
-        monitor.append(rest)
+        try:
+            monitor.append(json.loads(rest))
+        except ValueError:
+            pass  # not one of the monitor's JSON log lines
     else:
         files.setdefault(name, []).append(rest)
 if not summary:
