@@ -450,6 +450,17 @@ mod tests {
         }
     }
 
+    /// A keeper on the temp tree `root` of a 16 GiB node, default settings.
+    fn keeper(root: &Path) -> Keeper {
+        Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30)
+    }
+
+    /// One pass over the pods `reg` holds.
+    fn pass(k: &mut Keeper, reg: &Registry) -> PassReport {
+        let pods = k.pods_from_registry(reg);
+        k.reconcile(&pods)
+    }
+
     fn read(root: &Path, cg: &str, file: &str) -> u64 {
         read_value(&root.join(cg).join(file)).unwrap()
     }
@@ -500,7 +511,7 @@ mod tests {
                 "kubepods/burstable/podb",
             ],
         );
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let mut k = keeper(root);
         let mut reg = registry(&[
             ("a", "/kubepods/poda", 1 << 30, 0),
             ("b", "/kubepods/burstable/podb", 0, 256 << 20),
@@ -525,8 +536,7 @@ mod tests {
         // Pod a goes away: its protection leaves kubepods too.
         reg.pods.remove("a");
         reg.containers.retain(|_, c| c.pod_id != "a");
-        let pods = k.pods_from_registry(&reg);
-        k.reconcile(&pods);
+        pass(&mut k, &reg);
         assert_eq!(read(root, "kubepods", "memory.min"), 0);
         assert_eq!(read(root, "kubepods", "memory.low"), 512 << 20);
     }
@@ -544,14 +554,12 @@ mod tests {
             ],
         );
         let reg = registry(&[("x", "kubepods-burstable-podx.slice", 0, 100 << 20)]);
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
-        let pods = k.pods_from_registry(&reg);
-        k.reconcile(&pods);
+        let mut k = keeper(root);
+        pass(&mut k, &reg);
         assert_eq!(read(root, "kubepods.slice", "memory.low"), 100 << 20);
         // A new keeper (plugin restart) finds nothing to do.
-        let mut k2 = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
-        let pods = k2.pods_from_registry(&reg);
-        assert_eq!(k2.reconcile(&pods).written, 0);
+        let mut k2 = keeper(root);
+        assert_eq!(pass(&mut k2, &reg).written, 0);
     }
 
     #[test]
@@ -563,7 +571,7 @@ mod tests {
             ("a", "/kubepods/burstable/poda", 0, 40960),
             ("b", "/my/custom/parent", 0, 40960),
         ]);
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let mut k = keeper(root);
         let pods = k.pods_from_registry(&reg);
         assert_eq!(pods.len(), 1);
         let r = k.reconcile(&pods);
@@ -614,7 +622,7 @@ mod tests {
             // removed by the runtime, cgroup not yet by the kubelet: empty
             unknown_pod(root, gone, 0, 500 << 20, false);
             let reg = registry(&[("new", known_parent, 0, 100 << 20)]);
-            let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+            let mut k = keeper(root);
             let pods = k.pods_from_registry(&reg);
             let r = k.reconcile(&pods);
             assert_eq!(r.failed, 0, "{kubepods}");
@@ -643,7 +651,7 @@ mod tests {
         std::fs::remove_file(root.join("kubepods/poda/memory.low")).unwrap();
         std::fs::create_dir(root.join("kubepods/poda/memory.low")).unwrap();
         let reg = registry(&[("a", "/kubepods/poda", 0, 40960)]);
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let mut k = keeper(root);
         let pods = k.pods_from_registry(&reg);
         assert_eq!(k.reconcile(&pods).failed, 1);
         std::fs::remove_dir(root.join("kubepods/poda/memory.low")).unwrap();
@@ -856,8 +864,7 @@ mod tests {
                 (c.id.clone(), c)
             }));
         let mut k2 = Keeper::new(root.to_path_buf(), cfg, 4 << 30);
-        let pods = k2.pods_from_registry(&reg);
-        let r = k2.reconcile(&pods);
+        let r = pass(&mut k2, &reg);
         assert_eq!(r.kubelet_owned, 0, "{:?}", k2.owners());
         assert!(k2.owners().values().all(|o| *o == Owner::NriQos));
         assert_eq!(
@@ -882,9 +889,8 @@ mod tests {
             );
             let mut reg = registry(&[("a", "/kubepods/burstable/poda", 0, 40960)]);
             reg.kubelet_memory_qos = setting;
-            let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
-            let pods = k.pods_from_registry(&reg);
-            assert_eq!(k.reconcile(&pods).written, written, "{setting:?}");
+            let mut k = keeper(root);
+            assert_eq!(pass(&mut k, &reg).written, written, "{setting:?}");
         }
     }
 
@@ -912,7 +918,7 @@ mod tests {
         let root = dir.path();
         tree(root, &["kubepods", "kubepods/poda"]);
         let reg = registry(&[("a", "/kubepods/poda", 1 << 30, 0)]);
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let mut k = keeper(root);
         let pods = k.pods_from_registry(&reg);
         k.reconcile(&pods);
         assert_eq!(read(root, "kubepods/poda", "memory.min"), 1 << 30);
@@ -951,8 +957,7 @@ mod tests {
             ..Default::default()
         };
         let mut k = Keeper::new(root.to_path_buf(), cfg, 4 << 30);
-        let pods = k.pods_from_registry(&reg);
-        let r = k.reconcile(&pods);
+        let r = pass(&mut k, &reg);
         assert!(r.scaled);
         assert_eq!(read(root, "kubepods", "memory.min"), 2 << 30);
     }
