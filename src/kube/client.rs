@@ -370,7 +370,7 @@ impl ApiThread {
                 EvictOutcome::Unreachable
             }
             Err(_) => {
-                warn!(pod = %format_args!("{}/{}", n.namespace, n.name), limit_ms = limit.as_millis() as u64, "Eviction got no answer in time");
+                warn!(pod = %format_args!("{}/{}", n.namespace, n.name), limit_ms = crate::node::time::millis(limit), "Eviction got no answer in time");
                 EvictOutcome::Unreachable
             }
         }

@@ -117,7 +117,7 @@ async fn serve(mut rx: mpsc::Receiver<Request>, file: Arc<dyn Relaxer>) {
     while let Some(r) = rx.recv().await {
         let outcome = match LINK.get() {
             Some(client) => {
-                let ctx = ttrpc::context::with_timeout(CALL_TIMEOUT.as_nanos() as i64);
+                let ctx = ttrpc::context::with_timeout(crate::node::time::nanos_i64(CALL_TIMEOUT));
                 match client.update_containers(ctx, &update_for(&r)).await {
                     Ok(resp) if resp.failed.is_empty() => Ok(()),
                     Ok(_) => Err("the runtime reported the update as failed".to_string()),

@@ -1,6 +1,9 @@
 //! Monitor tests on fake cgroup/proc trees with injected wake-ups and a
 //! fake clock. Nothing here touches the real /sys/fs/cgroup or /proc.
 
+// Tests cast small, known values; the cast lints guard the product code.
+#![allow(clippy::cast_possible_truncation, clippy::cast_lossless)]
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
