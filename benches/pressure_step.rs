@@ -11,14 +11,23 @@
 
 // Test code: a failed unwrap is the test failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Tests, benches and tools cast small, known values; the cast lints guard
+// the product code.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap,
+    clippy::cast_lossless
+)]
 
 use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nri_qos::node::registry::NoPods;
 use nri_qos::pressure::act::Syscalls;
-use nri_qos::pressure::{Monitor, MonitorConfig, NoPods, Paths, Wake};
+use nri_qos::pressure::{Monitor, MonitorConfig, Paths, Wake};
 
 const MI: u64 = 1 << 20;
 const TOTAL: u64 = 16 << 30;

@@ -13,6 +13,14 @@
 
 // Test code: a failed unwrap is the test failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Tests, benches and tools cast small, known values; the cast lints guard
+// the product code.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap,
+    clippy::cast_lossless
+)]
 
 mod common;
 
@@ -31,9 +39,9 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
 use nri_qos::kube::{Credentials, Kube, PodStore};
-use nri_qos::pressure::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice};
+use nri_qos::node::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice};
+use nri_qos::node::registry::PodRegistry;
 use nri_qos::pressure::rank::{self, Candidate, RankPolicy};
-use nri_qos::pressure::PodRegistry;
 use nri_qos::qos::QosClass;
 use serde_json::json;
 

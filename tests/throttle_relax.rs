@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
+use nri_qos::node::relax::Relaxer;
 use nri_qos::nri::relax::{relaxer, LINK};
 use nri_qos::nri::{session, Identity};
-use nri_qos::pressure::throttle::{Counters, Relaxer, Sample};
+use nri_qos::pressure::throttle::{Counters, FileRelaxer, Sample};
 use nri_qos::qos::QosClass;
 
 #[tokio::test]
@@ -34,7 +35,7 @@ async fn throttle_relax_goes_through_update_containers_then_the_file() {
         high: Some(247_463_936),
         max: Some(268_435_456),
     };
-    let (relaxer, task) = relaxer();
+    let (relaxer, task) = relaxer(std::sync::Arc::new(FileRelaxer));
     tokio::spawn(task);
 
     let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
@@ -51,7 +52,10 @@ async fn throttle_relax_goes_through_update_containers_then_the_file() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
-    assert_eq!(relaxer.relax(&sample), Ok("nri-update-containers"));
+    assert_eq!(
+        relaxer.relax(&sample.relax_request()),
+        Ok("nri-update-containers")
+    );
     let req = loop {
         match tokio::time::timeout(Duration::from_secs(5), rt.events.recv())
             .await

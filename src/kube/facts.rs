@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::Pod as ApiObject;
 
-use crate::pressure::{PodInfo, RequestSource as MonitorSource};
+use crate::node::registry::{PodInfo, RequestSource};
 use crate::qos::pod::pod_qos;
 use crate::qos::pod::{container_memory_requests, pod_memory_request, ManifestError, Pod};
 use crate::qos::QosClass;
@@ -62,7 +62,7 @@ impl PodFacts {
             name: self.name.clone(),
             priority: self.priority,
             memory_request: Some(self.memory_request),
-            request_source: MonitorSource::ApiServer,
+            request_source: RequestSource::ApiServer,
             class: Some(self.class),
             static_pod: self.static_pod,
         }

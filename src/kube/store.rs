@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use super::facts::PodFacts;
-use crate::pressure::{PodInfo, PodRegistry};
+use crate::node::registry::{ContainerRequests, PodInfo, PodRegistry};
 
 #[derive(Debug, Default)]
 pub struct PodStore {
@@ -79,6 +79,12 @@ impl PodStore {
 
     pub fn events(&self) -> u64 {
         self.events.load(Ordering::Relaxed)
+    }
+}
+
+impl ContainerRequests for PodStore {
+    fn container_request(&self, pod_uid: &str, container: &str) -> Option<u64> {
+        PodStore::get(self, pod_uid)?.container_request(container)
     }
 }
 

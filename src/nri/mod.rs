@@ -2,7 +2,6 @@
 //! the Plugin service and the session lifecycle.
 
 pub mod convert;
-pub mod feed;
 pub mod mux;
 pub mod oom_fallback;
 pub mod plugin;

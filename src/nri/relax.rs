@@ -1,6 +1,8 @@
 //! Relaxing a container's memory.high for the monitor's throttle guard
 //! through the runtime (`Runtime/UpdateContainers` on the session's conn 2),
 //! so the runtime's own record of the container agrees with the kernel.
+//! Only with `[throttle] relax-via = "runtime"`: before containerd/nri#301
+//! this call can deadlock containerd (see `node::relax::RelaxVia`).
 //!
 //! Never from inside an NRI handler (the runtime holds its lock while it
 //! waits for our reply, and our call would wait for that lock): the monitor
@@ -10,9 +12,8 @@
 //! the VM), so after every call the file is read back; where the value did
 //! not arrive, the task writes the cgroup file and says so once.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use protobuf::MessageField;
@@ -20,7 +21,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::proto::{api, api_ttrpc::RuntimeClient};
-use crate::pressure::throttle::{high_value, FileRelaxer, Relaxer, Sample};
+use crate::node::relax::{RelaxRequest as Request, Relaxer};
 
 /// Bound on queued relax requests (bounded memory; a relax is rare).
 const QUEUE: usize = 64;
@@ -59,40 +60,37 @@ impl RuntimeLink {
     }
 }
 
-/// One relax to carry out.
-#[derive(Debug, Clone)]
-struct Request {
-    container_id: String,
-    cgroup: PathBuf,
-    value: String,
-}
-
 /// The [`Relaxer`] the plugin gives its monitor.
 pub struct NriRelaxer {
     tx: mpsc::Sender<Request>,
+    /// Writes the cgroup file: without a session, or where the runtime did
+    /// not apply the update.
+    file: Arc<dyn Relaxer>,
 }
 
 impl Relaxer for NriRelaxer {
-    fn relax(&self, s: &Sample) -> Result<&'static str, String> {
+    fn relax(&self, r: &Request) -> Result<&'static str, String> {
         if !LINK.connected() {
-            return FileRelaxer.relax(s).map(|_| "cgroup-file (no NRI session)");
+            return self.file.relax(r).map(|_| "cgroup-file (no NRI session)");
         }
-        let req = Request {
-            container_id: s.id.clone(),
-            cgroup: s.path.clone(),
-            value: high_value(s.relax_value()),
-        };
         self.tx
-            .try_send(req)
+            .try_send(r.clone())
             .map(|()| "nri-update-containers")
             .map_err(|e| format!("relax queue: {e}"))
     }
 }
 
-/// The relaxer and the task that serves it (spawn it on the plugin's runtime).
-pub fn relaxer() -> (NriRelaxer, impl std::future::Future<Output = ()>) {
+/// The relaxer and the task that serves it (spawn it on the plugin's
+/// runtime); `file` writes the cgroup file when the runtime cannot.
+pub fn relaxer(file: Arc<dyn Relaxer>) -> (NriRelaxer, impl std::future::Future<Output = ()>) {
     let (tx, rx) = mpsc::channel(QUEUE);
-    (NriRelaxer { tx }, serve(rx))
+    (
+        NriRelaxer {
+            tx,
+            file: file.clone(),
+        },
+        serve(rx, file),
+    )
 }
 
 /// The update: only `unified["memory.high"]`; every other field unset, so
@@ -116,12 +114,12 @@ fn arrived(r: &Request) -> bool {
     std::fs::read_to_string(r.cgroup.join("memory.high")).is_ok_and(|v| v.trim() == r.value)
 }
 
-async fn serve(mut rx: mpsc::Receiver<Request>) {
+async fn serve(mut rx: mpsc::Receiver<Request>, file: Arc<dyn Relaxer>) {
     let dropped_noted = AtomicBool::new(false);
     while let Some(r) = rx.recv().await {
         let outcome = match LINK.get() {
             Some(client) => {
-                let ctx = ttrpc::context::with_timeout(CALL_TIMEOUT.as_nanos() as i64);
+                let ctx = ttrpc::context::with_timeout(crate::node::time::nanos_i64(CALL_TIMEOUT));
                 match client.update_containers(ctx, &update_for(&r)).await {
                     Ok(resp) if resp.failed.is_empty() => Ok(()),
                     Ok(_) => Err("the runtime reported the update as failed".to_string()),
@@ -140,19 +138,19 @@ async fn serve(mut rx: mpsc::Receiver<Request>) {
                         "the runtime accepted UpdateContainers but did not apply its unified map; \
                          relaxing memory.high by writing the cgroup file, here and from now on");
                 }
-                write(&r);
+                write(file.as_ref(), &r);
             }
             Err(e) => {
                 warn!(container = %r.container_id, error = %e, "UpdateContainers failed; writing memory.high directly");
-                write(&r);
+                write(file.as_ref(), &r);
             }
         }
     }
 }
 
-fn write(r: &Request) {
-    match crate::node::cgroupfs::write_file(&r.cgroup.join("memory.high"), &r.value) {
-        Ok(()) => {
+fn write(file: &dyn Relaxer, r: &Request) {
+    match file.relax(r) {
+        Ok(_) => {
             info!(container = %r.container_id, memory_high = %r.value, "memory.high relaxed in the cgroup file")
         }
         Err(e) => warn!(container = %r.container_id, error = %e, "cannot relax memory.high"),
@@ -167,7 +165,7 @@ mod tests {
     fn throttle_update_carries_only_memory_high() {
         let r = Request {
             container_id: "abc".into(),
-            cgroup: PathBuf::from("/nowhere"),
+            cgroup: std::path::PathBuf::from("/nowhere"),
             value: "268435456".into(),
         };
         let req = update_for(&r);

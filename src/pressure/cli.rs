@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use super::config::MonitorConfig;
-use super::{act, registry::NoPods, Monitor, MonitorError, Paths};
+use super::{act, Monitor, MonitorError, Paths};
+use crate::node::registry::NoPods;
 
 /// `--once`: node memory and the current ranking as text.
 pub fn once(cfg: MonitorConfig, paths: Paths) -> Result<String, MonitorError> {

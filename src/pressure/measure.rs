@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use super::registry::RequestSource;
 use super::{MonitorError, Paths};
 use crate::node::cgroupfs as stat;
+use crate::node::registry::RequestSource;
 use crate::qos::QosClass;
 
 /// Node memory the kubelet way.

@@ -7,7 +7,7 @@
 use std::cmp::{Ordering, Reverse};
 use std::path::PathBuf;
 
-use super::registry::RequestSource;
+use crate::node::registry::RequestSource;
 use crate::qos::QosClass;
 
 /// One pod as the ranking sees it.
@@ -43,7 +43,7 @@ impl Candidate {
 
     /// Usage above request, negative when under (the kubelet's `memory` key).
     pub fn over_request(&self) -> i128 {
-        self.working_set as i128 - self.request as i128
+        i128::from(self.working_set) - i128::from(self.request)
     }
 
     fn priority0(&self) -> i32 {
@@ -142,6 +142,8 @@ pub fn rank(cands: &[Candidate], policy: &RankPolicy) -> Ranking {
 }
 
 #[cfg(test)]
+// Tests cast small, known values; the cast lints guard the product code.
+#[allow(clippy::cast_lossless)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -158,7 +160,7 @@ mod tests {
             class_source: "registry",
             working_set: ws,
             request: req,
-            request_source: RequestSource::PodSpec,
+            request_source: RequestSource::Annotation,
             priority: prio,
             pause_only: false,
             static_pod: false,

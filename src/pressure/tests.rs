@@ -1,6 +1,9 @@
 //! Monitor tests on fake cgroup/proc trees with injected wake-ups and a
 //! fake clock. Nothing here touches the real /sys/fs/cgroup or /proc.
 
+// Tests cast small, known values; the cast lints guard the product code.
+#![allow(clippy::cast_possible_truncation, clippy::cast_lossless)]
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,6 +12,24 @@ use std::time::Duration;
 use super::act::fake::FakeOps;
 use super::decide::{Hold, Plan};
 use super::*;
+use crate::node::registry::{PodInfo, RequestSource};
+use std::sync::Mutex;
+
+/// Pod facts a test hands the monitor, as the plugin or the API server would.
+#[derive(Default)]
+struct Pods(Mutex<HashMap<String, PodInfo>>);
+
+impl Pods {
+    fn upsert(&self, info: PodInfo) {
+        self.0.lock().unwrap().insert(info.uid.clone(), info);
+    }
+}
+
+impl PodRegistry for Pods {
+    fn get(&self, uid: &str) -> Option<PodInfo> {
+        self.0.lock().unwrap().get(uid).cloned()
+    }
+}
 
 const MI: u64 = 1 << 20;
 const GI: u64 = 1 << 30;
@@ -166,7 +187,7 @@ fn info(uid: &str, ns: &str, prio: Option<i32>) -> PodInfo {
     }
 }
 
-fn monitor(f: &Fake, cfg: MonitorConfig, reg: SharedRegistry) -> (Monitor, Arc<FakeOps>) {
+fn monitor(f: &Fake, cfg: MonitorConfig, reg: Pods) -> (Monitor, Arc<FakeOps>) {
     let ops = Arc::new(FakeOps::default());
     // Fake pods never die by themselves; do not spin on them.
     let cfg = MonitorConfig {
@@ -202,7 +223,7 @@ fn pressure_single_pod_at_own_limit_evicts_nothing() {
     let other = f.pod("be-1", QosClass::BestEffort, 300 * MI, 0, "web");
     f.psi(&f.kp.join("memory.pressure"), 85.0, 70.0);
     f.psi(&f.paths.node_psi(), 40.0, 30.0);
-    let (mut m, ops) = monitor(&f, MonitorConfig::default(), SharedRegistry::default());
+    let (mut m, ops) = monitor(&f, MonitorConfig::default(), Pods::default());
 
     let r = m.step(&psi_wake(), ms(0));
     assert_eq!(r.verdict.unwrap().plan, Plan::Calm);
@@ -237,7 +258,7 @@ fn pressure_single_pod_at_own_limit_evicts_nothing() {
 #[test]
 fn pressure_quick_checks_between_full_steps() {
     let f = Fake::new(Driver::Cgroupfs);
-    let (mut m, _) = monitor(&f, MonitorConfig::default(), SharedRegistry::default());
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), Pods::default());
     f.node_ws(TOTAL - 1200 * MI);
     let r = m.step(&Wake::Tick, ms(0));
     assert!(r.node.is_some(), "the first step measures in full");
@@ -259,7 +280,7 @@ fn pressure_quick_checks_between_full_steps() {
 #[test]
 fn pressure_calm_checks_come_sooner_near_the_threshold() {
     let f = Fake::new(Driver::Cgroupfs);
-    let (mut m, _) = monitor(&f, MonitorConfig::default(), SharedRegistry::default());
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), Pods::default());
     let cfg = MonitorConfig::default();
     // 12Gi free: clamped to the slow check.
     f.node_ws(4 * GI);
@@ -267,7 +288,7 @@ fn pressure_calm_checks_come_sooner_near_the_threshold() {
         max_fill_rate: "1Gi".parse().unwrap(),
         ..MonitorConfig::default()
     };
-    let (mut m_slow_rate, _) = monitor(&f, slow, SharedRegistry::default());
+    let (mut m_slow_rate, _) = monitor(&f, slow, Pods::default());
     assert_eq!(r_next(&mut m_slow_rate, ms(0)), cfg.check_interval.0);
     // 900Mi above the 300Mi soft threshold at 6000Mi/s: 150 ms.
     f.node_ws(TOTAL - 1200 * MI);
@@ -281,7 +302,7 @@ fn r_next(m: &mut Monitor, now: Duration) -> Duration {
     m.step(&Wake::Tick, now).next_check
 }
 
-fn pressure_tree(driver: Driver) -> (Fake, SharedRegistry, [PathBuf; 6]) {
+fn pressure_tree(driver: Driver) -> (Fake, Pods, [PathBuf; 6]) {
     let f = Fake::new(driver);
     let g = f.pod("g-1", QosClass::Guaranteed, GI, GI, "db");
     let b_under = f.pod("b-under", QosClass::Burstable, 100 * MI, 200 * MI, "api");
@@ -289,7 +310,7 @@ fn pressure_tree(driver: Driver) -> (Fake, SharedRegistry, [PathBuf; 6]) {
     let be = f.pod("be-1", QosClass::BestEffort, 300 * MI, 0, "web");
     let sys = f.pod("sys-1", QosClass::BestEffort, 2 * GI, 0, "coredns");
     let crit = f.pod("crit-1", QosClass::BestEffort, 3 * GI, 0, "agent");
-    let reg = SharedRegistry::default();
+    let reg = Pods::default();
     reg.upsert(info("sys-1", "kube-system", None));
     reg.upsert(info("crit-1", "monitoring", Some(2_000_001_000)));
     reg.upsert(info("b-over", "default", Some(0)));
@@ -399,7 +420,7 @@ fn pressure_dry_run_writes_nothing() {
         besteffort_memory_high_factor: 0.5,
         ..MonitorConfig::default()
     };
-    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    let (mut m, _) = monitor(&f, cfg, Pods::default());
     f.node_ws(TOTAL - 250 * MI);
     let r = m.step(&Wake::Tick, ms(0));
     assert!(matches!(r.verdict.unwrap().plan, Plan::Reclaim { .. }));
@@ -563,7 +584,7 @@ fn pressure_pause_only_pod_is_never_a_victim() {
     let f = Fake::new(Driver::Cgroupfs);
     let p = f.pod("empty", QosClass::BestEffort, 50 * MI, 0, "pause");
     f.node_ws(TOTAL - 50 * MI);
-    let (mut m, _) = monitor(&f, MonitorConfig::default(), SharedRegistry::default());
+    let (mut m, _) = monitor(&f, MonitorConfig::default(), Pods::default());
     let r = m.step(&Wake::Tick, ms(0));
     assert!(r.killed.is_none());
     assert!(!killed(&p));
@@ -610,10 +631,10 @@ fn pressure_node_and_pod_numbers_and_sources() {
 fn pressure_registry_overrides_path_class_and_request() {
     let f = Fake::new(Driver::Systemd);
     f.pod("b-1", QosClass::Burstable, 100 * MI, 64 * MI, "x");
-    let reg = SharedRegistry::default();
+    let reg = Pods::default();
     reg.upsert(PodInfo {
         memory_request: Some(GI),
-        request_source: RequestSource::PodSpec,
+        request_source: RequestSource::Annotation,
         priority: Some(7),
         ..info("b-1", "team", None)
     });
@@ -623,7 +644,7 @@ fn pressure_registry_overrides_path_class_and_request() {
     let c = &cands[0];
     assert_eq!(
         (c.request, c.request_source, c.priority),
-        (GI, RequestSource::PodSpec, Some(7))
+        (GI, RequestSource::Annotation, Some(7))
     );
     assert_eq!(
         (c.class, c.class_source),
@@ -689,7 +710,7 @@ fn pressure_allocatable_signal_from_kubepods_limit() {
         allocatable_signal: false,
         ..MonitorConfig::default()
     };
-    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    let (mut m, _) = monitor(&f, cfg, Pods::default());
     assert_eq!(m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan, Plan::Calm);
 }
 
@@ -717,7 +738,7 @@ fn pressure_mem_available_signal_counts_kernel_memory() {
         mem_available_signal: false,
         ..MonitorConfig::default()
     };
-    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    let (mut m, _) = monitor(&f, cfg, Pods::default());
     assert_ne!(
         m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan,
         Plan::Evict {
@@ -787,7 +808,7 @@ fn throttle_files(
     app
 }
 
-fn throttle_monitor(f: &Fake, reg: SharedRegistry) -> (Monitor, Arc<FakeOps>) {
+fn throttle_monitor(f: &Fake, reg: Pods) -> (Monitor, Arc<FakeOps>) {
     let cfg = MonitorConfig {
         check_interval: "500ms".parse().unwrap(),
         ..MonitorConfig::default()
@@ -803,7 +824,7 @@ fn throttle_sustained_high_relaxes_once_through_the_file() {
     let f = Fake::new(Driver::Systemd);
     let b = f.pod("b-1", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
     let g = f.pod("g-1", QosClass::Guaranteed, 100 * MI, 256 * MI, "db");
-    let (mut m, ops) = throttle_monitor(&f, SharedRegistry::default());
+    let (mut m, ops) = throttle_monitor(&f, Pods::default());
     let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
     let mut relaxed_at = Vec::new();
     for i in 0..60u64 {
@@ -847,7 +868,7 @@ fn throttle_sustained_high_relaxes_once_through_the_file() {
 fn throttle_transient_spike_and_restart_do_nothing() {
     let f = Fake::new(Driver::Cgroupfs);
     let b = f.pod("b-2", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
-    let (mut m, _) = throttle_monitor(&f, SharedRegistry::default());
+    let (mut m, _) = throttle_monitor(&f, Pods::default());
     let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
     let mut n = 0;
     for i in 0..80u64 {
@@ -881,7 +902,7 @@ fn throttle_psi_only_evicts_in_ranking_order() {
     let f = Fake::new(Driver::Systemd);
     let b = f.pod("b-3", QosClass::Burstable, 300 * MI, 64 * MI, "worker");
     let e = f.pod("e-3", QosClass::BestEffort, 400 * MI, 0, "batch");
-    let (mut m, _) = throttle_monitor(&f, SharedRegistry::default());
+    let (mut m, _) = throttle_monitor(&f, Pods::default());
     let mut killed_at = None;
     for i in 0..30u64 {
         let max = (512 * MI).to_string();
@@ -904,7 +925,7 @@ fn throttle_psi_only_evicts_in_ranking_order() {
 #[test]
 fn throttle_never_critical_and_dry_run_writes_nothing() {
     let f = Fake::new(Driver::Systemd);
-    let reg = SharedRegistry::default();
+    let reg = Pods::default();
     reg.upsert(info("c-4", "kube-system", None));
     let c = f.pod("c-4", QosClass::Burstable, 300 * MI, 64 * MI, "dns");
     let (mut m, _) = throttle_monitor(&f, reg);
@@ -923,7 +944,7 @@ fn throttle_never_critical_and_dry_run_writes_nothing() {
         ..MonitorConfig::default()
     };
     cfg.throttle.dry_run = true;
-    let (mut m, _) = monitor(&f, cfg, SharedRegistry::default());
+    let (mut m, _) = monitor(&f, cfg, Pods::default());
     let mut would = 0;
     for i in 0..30u64 {
         throttle_files(&f, &b, (i * 100, 0), 5.0, &high, &max);
@@ -942,6 +963,7 @@ struct FakeCluster {
     refuse: Vec<&'static str>,
     unreachable: bool,
     asked: std::sync::Mutex<Vec<(String, bool)>>,
+    relaxed: std::sync::Mutex<Vec<cluster::RelaxNotice>>,
 }
 
 impl cluster::ClusterEvictions for FakeCluster {
@@ -958,6 +980,52 @@ impl cluster::ClusterEvictions for FakeCluster {
     fn evict_after_kill(&self, n: cluster::EvictionNotice) {
         self.asked.lock().unwrap().push((n.uid.clone(), n.hard));
     }
+    fn memory_high_relaxed(&self, n: cluster::RelaxNotice) {
+        self.relaxed.lock().unwrap().push(n);
+    }
+}
+
+/// With the API server configured, the guard's relax posts one notice (the
+/// `MemoryHighRelaxed` Event) for the pod it knows, and none for a pod it
+/// does not know; the relax itself never depends on it.
+#[test]
+fn throttle_relax_tells_the_api_server_about_known_pods() {
+    let f = Fake::new(Driver::Systemd);
+    let b = f.pod("b-7", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
+    let u = f.pod("u-7", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
+    let reg = Pods::default();
+    reg.upsert(info("b-7", "default", None));
+    let api = Arc::new(FakeCluster::default());
+    let (m, _) = throttle_monitor(&f, reg);
+    let mut m = m.with_cluster(api.clone());
+    let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
+    let mut relaxed = 0;
+    for i in 0..30u64 {
+        for pod in [&b, &u] {
+            let cur = fs::read_to_string(pod.join("app/memory.high")).unwrap_or(high.clone());
+            throttle_files(&f, pod, (i * 100, 0), 20.0, cur.trim(), &max);
+        }
+        relaxed += m.step(&Wake::Tick, ms(i * 500)).relaxed.len();
+    }
+    assert_eq!(relaxed, 2);
+    for pod in [&b, &u] {
+        let v = fs::read_to_string(pod.join("app/memory.high")).unwrap();
+        assert_eq!(v.trim(), max);
+    }
+    let told = api.relaxed.lock().unwrap();
+    assert_eq!(told.len(), 1, "{told:?}");
+    let n = &told[0];
+    assert_eq!(
+        (n.uid.as_str(), n.namespace.as_str(), n.name.as_str()),
+        ("b-7", "default", "b-7-name")
+    );
+    assert_eq!(
+        (n.from.as_str(), n.to.as_str()),
+        (high.as_str(), max.as_str())
+    );
+    assert!(n.high_rate > 50.0 && n.psi_some_avg10 > 10.0, "{n:?}");
+    assert_eq!(n.grace, "10s");
+    assert!(api.asked.lock().unwrap().is_empty());
 }
 
 fn soft_with(api: Arc<FakeCluster>) -> (Fake, [PathBuf; 6], StepReport) {
@@ -1028,4 +1096,68 @@ fn pressure_static_pods_are_never_victims() {
     let r = m.step(&psi_wake(), ms(0));
     assert_eq!(r.killed.as_deref(), Some("be-1"));
     assert!(!killed(&b_over) && killed(&be));
+}
+
+mod registry_requests {
+    use super::*;
+    use crate::node::registry::tests::registry;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Pods alike in all but their containers' requests (any u64, huge
+        /// ones included) rank by their true request: a larger one is never
+        /// ahead of a smaller one because its sum overflowed.
+        #[test]
+        fn ranking_never_favours_a_wrapped_request(
+            pods in prop::collection::vec(
+                prop::collection::vec(prop_oneof![any::<u64>(), (u64::MAX - 8)..=u64::MAX, 0u64..(1 << 40)], 1..4),
+                2..8,
+            ),
+            working_set in any::<u64>(),
+        ) {
+            let shared = Mutex::new(registry(&pods));
+            let infos: Vec<PodInfo> = (0..pods.len())
+                .map(|p| PodRegistry::get(&shared, &format!("uid-{p:04}")).unwrap())
+                .collect();
+            let true_sum = |uid: &str| -> u128 {
+                let p: usize = uid.trim_start_matches("uid-").parse().unwrap();
+                pods[p].iter().map(|r| *r as u128).sum()
+            };
+            for i in &infos {
+                let want = true_sum(&i.uid).min(u64::MAX as u128) as u64;
+                prop_assert_eq!(i.memory_request, Some(want));
+            }
+            let cands: Vec<Candidate> = infos
+                .iter()
+                .map(|i| Candidate {
+                    uid: i.uid.clone(),
+                    namespace: Some(i.namespace.clone()),
+                    name: Some(i.name.clone()),
+                    class: QosClass::Burstable,
+                    class_source: "registry",
+                    working_set,
+                    request: i.memory_request.unwrap(),
+                    request_source: i.request_source,
+                    priority: i.priority,
+                    pause_only: false,
+                    static_pod: false,
+                    path: Default::default(),
+                })
+                .collect();
+            let policy = RankPolicy {
+                critical_namespaces: vec![],
+                critical_priority: i32::MAX,
+                require_pod_info: false,
+            };
+            let order = rank::rank(&cands, &policy).order;
+            for w in order.windows(2) {
+                let (ahead, behind) = (&cands[w[0]], &cands[w[1]]);
+                prop_assert!(
+                    true_sum(&ahead.uid) <= true_sum(&behind.uid)
+                        || ahead.request == behind.request,
+                    "{} ranked ahead of {}", ahead.brief(), behind.brief()
+                );
+            }
+        }
+    }
 }

@@ -13,8 +13,6 @@ pub mod pod;
 pub mod policy;
 pub mod quantity;
 
-use serde::{Deserialize, Serialize};
-
 // The node's facts and the QoS class live on the ground floor (the cgroup
 // layout needs the class); re-exported here for the policy's callers.
 pub use crate::node::{NodeFacts, QosClass};
@@ -83,27 +81,7 @@ impl Adjustment {
     }
 }
 
-/// Where a recovered memory request came from (the CRI carries none).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum RequestSource {
-    /// `unified["memory.min"]` set by the kubelet's Memory QoS.
-    UnifiedMemoryMin,
-    /// `unified["memory.low"]` set by the kubelet's Memory QoS (TieredReservation, Burstable).
-    UnifiedMemoryLow,
-    /// Our pod annotation.
-    Annotation,
-    /// The pod spec from the API server (the optional Kubernetes source).
-    ApiServer,
-    /// Guaranteed: the request equals the limit.
-    GuaranteedLimit,
-    /// Burstable: inverted from the kubelet's oom_score_adj (resolution MemTotal/1000).
-    OomScoreAdj,
-    /// BestEffort: no request.
-    BestEffort,
-    /// Nothing to recover it from.
-    Unknown,
-}
+pub use crate::node::registry::RequestSource;
 
 /// The policy's answer, with enough context to log why.
 #[derive(Debug, Clone, PartialEq, Eq)]

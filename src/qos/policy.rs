@@ -49,25 +49,7 @@ pub enum Reservation {
     None,
 }
 
-/// What the operator knows about the kubelet's Memory QoS (KEP-2570), which
-/// writes container, pod, QoS and kubepods protection itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KubeletMemoryQos {
-    /// Detect it: the kubelet's `unified` keys (visible from NRI v0.10,
-    /// containerd 2.2), or pod cgroups carrying protection nri-qos did not write.
-    Auto,
-    /// The kubelet does not protect memory: nri-qos owns every value it sets.
-    None,
-    /// 1.27-1.35 alpha: memory.min everywhere and memory.high (factor 0.9)
-    /// from the kubelet; nri-qos stays off both.
-    Alpha,
-    /// 1.36+ TieredReservation: memory.min/low from the kubelet; memory.high
-    /// stays nri-qos's unless the kubelet's key is visible (set
-    /// `memory-high = false` when the kubelet has a memoryThrottlingFactor
-    /// on a runtime that hides `unified`).
-    Tiered,
-}
+pub use crate::node::registry::KubeletMemoryQos;
 
 /// Policy configuration (the `[policy]` table of `config/nri-qos.toml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -467,6 +449,8 @@ pub fn effective(current: &Resources, adj: &Adjustment) -> Resources {
 }
 
 #[cfg(test)]
+// Tests cast small, known values; the cast lints guard the product code.
+#[allow(clippy::cast_sign_loss)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -1,0 +1,206 @@
+use super::*;
+
+fn kubelet_pod(root: &std::path::Path, id: &str, low: u64) -> api::PodSandbox {
+    let cg = root.join(format!("kubepods/burstable/pod{id}"));
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("memory.min"), "0").unwrap();
+    std::fs::write(cg.join("memory.low"), low.to_string()).unwrap();
+    let mut linux = api::LinuxPodSandbox::new();
+    linux.cgroup_parent = format!("/kubepods/burstable/pod{id}");
+    api::PodSandbox {
+        id: id.into(),
+        name: id.into(),
+        linux: protobuf::MessageField::some(linux),
+        ..Default::default()
+    }
+}
+
+/// A Burstable 64Mi → 512Mi container as containerd < 2.2 shows it: no
+/// `unified`, the kubelet's oom_score_adj (997 on 16 GiB).
+fn hidden_container(id: &str, pod: &str) -> api::Container {
+    let mut mem = api::LinuxMemory::new();
+    mem.limit = protobuf::MessageField::some(api::OptionalInt64 {
+        value: 512 << 20,
+        ..Default::default()
+    });
+    let mut res = api::LinuxResources::new();
+    res.memory = protobuf::MessageField::some(mem);
+    let mut linux = api::LinuxContainer::new();
+    linux.resources = protobuf::MessageField::some(res);
+    linux.oom_score_adj = protobuf::MessageField::some(api::OptionalInt {
+        value: 997,
+        ..Default::default()
+    });
+    api::Container {
+        id: id.into(),
+        pod_sandbox_id: pod.into(),
+        name: "app".into(),
+        state: protobuf::EnumOrUnknown::new(api::ContainerState::CONTAINER_RUNNING),
+        linux: protobuf::MessageField::some(linux),
+        ..Default::default()
+    }
+}
+
+fn plugin(root: &std::path::Path) -> QosPlugin {
+    QosPlugin::new(PluginSettings {
+        policy: PolicyConfig::default(),
+        node: NodeFacts {
+            memory_capacity: 16 << 30,
+            memory_allocatable: 15 << 30,
+            page_size: 4096,
+            cgroup_v2: true,
+        },
+        dry_run: false,
+        adjust_existing: true,
+        proc_root: "/nonexistent".into(),
+        cgroup_root: root.to_path_buf(),
+    })
+}
+
+#[test]
+fn a_pod_the_kubelet_protected_before_its_sandbox_keeps_the_kubelets_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plugin(dir.path());
+    let policy = p.live().policy;
+    // First sight (RunPodSandbox): the kubelet's memory.low is already there.
+    let kp = kubelet_pod(dir.path(), "k", 64 << 20);
+    assert!(p.kubelet_owns_pod("k", &convert::pod_from_wire(&kp), &policy));
+    let d = p.decide_and_record(&kp, &hidden_container("c1", "k"), None);
+    for key in ["memory.min", "memory.low", "memory.high"] {
+        assert!(!d.adjustment.unified.contains_key(key), "{key}: {d:?}");
+    }
+    assert!(lock(&p.registry).containers["c1"].kubelet_memory_qos);
+    // A pod with nothing in its cgroup is ours, as before.
+    let ours = kubelet_pod(dir.path(), "n", 0);
+    assert!(!p.kubelet_owns_pod("n", &convert::pod_from_wire(&ours), &policy));
+    let d = p.decide_and_record(&ours, &hidden_container("c2", "n"), None);
+    assert!(d.adjustment.unified.contains_key("memory.low"), "{d:?}");
+
+    // A restarted plugin reaches the same decision from the tree: the
+    // kubelet's 64Mi is above our 49.2Mi estimate; our own value is not.
+    std::fs::write(
+        dir.path().join("kubepods/burstable/podn/memory.low"),
+        "51380224",
+    )
+    .unwrap();
+    let p2 = plugin(dir.path());
+    let updates = p2.finish_sync(Complete {
+        snapshot: super::super::reassembly::Snapshot {
+            pods: vec![kp, ours],
+            containers: vec![hidden_container("c1", "k"), hidden_container("c2", "n")],
+        },
+        ..Default::default()
+    });
+    let reg = lock(&p2.registry);
+    assert!(reg.containers["c1"].kubelet_memory_qos);
+    assert!(!reg.containers["c2"].kubelet_memory_qos);
+    assert_eq!(reg.owners.len(), 1, "{:?}", reg.owners);
+    drop(reg);
+    let touched: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
+    assert!(
+        updates.iter().filter(|u| u.container_id == "c1").all(|u| u
+            .linux
+            .resources
+            .as_ref()
+            .is_none_or(
+                |r| !r.unified.contains_key("memory.low") && !r.unified.contains_key("memory.high")
+            )),
+        "{touched:?}"
+    );
+}
+
+#[test]
+fn event_mask_is_accepted_by_nri_v0_6_runtimes() {
+    assert_eq!(EVENTS & !0x7FF, 0, "mask {EVENTS:#x}");
+    // CreateContainer, UpdateContainer and PostStartContainer are the ones we act on.
+    assert_ne!(EVENTS & 0x8, 0);
+    assert_ne!(EVENTS & 0x80, 0);
+    assert_ne!(EVENTS & 0x40, 0);
+}
+
+#[tokio::test]
+async fn synchronized_is_said_once_the_last_chunk_is_answered_and_forgotten_on_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plugin(dir.path());
+    let short = Duration::from_millis(10);
+    assert!(!p.wait_synchronized(short).await);
+    let chunk = |more| api::SynchronizeRequest {
+        more,
+        ..Default::default()
+    };
+    p.synchronize(&TtrpcContext::default(), chunk(true))
+        .await
+        .unwrap();
+    assert!(!p.wait_synchronized(short).await, "only a chunk so far");
+    p.synchronize(&TtrpcContext::default(), chunk(false))
+        .await
+        .unwrap();
+    assert!(p.wait_synchronized(short).await);
+    p.reset_session();
+    assert!(
+        !p.wait_synchronized(short).await,
+        "a new session syncs anew"
+    );
+}
+
+#[test]
+fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plugin(dir.path());
+    let pod = kubelet_pod(dir.path(), "r", 0);
+    // CRI-O restarted after the kubelet resized 512Mi -> 768Mi and 0.5 -> 1
+    // CPU: it still reports 512Mi and no quota change, the kernel has both.
+    let mut c = hidden_container("c1", "r");
+    {
+        let linux = c.linux.as_mut().unwrap();
+        linux.cgroups_path = "/kubepods/burstable/podr/c1".into();
+        let cpu = linux
+            .resources
+            .as_mut()
+            .unwrap()
+            .cpu
+            .mut_or_insert_default();
+        cpu.quota.mut_or_insert_default().value = 50_000;
+        cpu.period.mut_or_insert_default().value = 100_000;
+    }
+    let cg = dir.path().join("kubepods/burstable/podr/c1");
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("memory.max"), "805306368\n").unwrap();
+    std::fs::write(cg.join("cpu.max"), "100000 100000\n").unwrap();
+    let fixed = p.resources_from_kernel(&c).expect("limits differ");
+    let facts = convert::resources_from_wire(&fixed);
+    assert_eq!(facts.memory_limit, Some(805306368));
+    assert_eq!(facts.cpu_quota, Some(100_000));
+    assert_eq!(facts.cpu_period, Some(100_000));
+
+    let updates = p.finish_sync(Complete {
+        snapshot: super::super::reassembly::Snapshot {
+            pods: vec![pod],
+            containers: vec![c.clone()],
+        },
+        ..Default::default()
+    });
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    let high = |u: &api::ContainerUpdate| {
+        u.linux.resources.as_ref().unwrap().unified["memory.high"].clone()
+    };
+    let stale = plugin(dir.path()).decide_and_record(&kubelet_pod(dir.path(), "r", 0), &c, None);
+    let fresh =
+        plugin(dir.path()).decide_and_record(&kubelet_pod(dir.path(), "r", 0), &c, Some(&fixed));
+    assert_ne!(
+        stale.adjustment.unified["memory.high"],
+        fresh.adjustment.unified["memory.high"]
+    );
+    assert_eq!(high(&updates[0]), fresh.adjustment.unified["memory.high"]);
+
+    // Same values (the kernel keeps whole pages), no file, or no limit:
+    // the runtime's report stands.
+    std::fs::write(cg.join("memory.max"), "536870912\n").unwrap();
+    std::fs::write(cg.join("cpu.max"), "50000 100000\n").unwrap();
+    assert!(p.resources_from_kernel(&c).is_none());
+    std::fs::remove_file(cg.join("memory.max")).unwrap();
+    std::fs::remove_file(cg.join("cpu.max")).unwrap();
+    assert!(p.resources_from_kernel(&c).is_none());
+    std::fs::write(cg.join("memory.max"), "max\n").unwrap();
+    assert!(p.resources_from_kernel(&c).is_none());
+}
