@@ -599,7 +599,7 @@ kube_checks() {
         esac
     done
     # What an operator's tools say about the source (not checked: see README)
-    /e2e/bin/nri-qos audit --socket /var/run/nri/nri.sock --timeout-seconds 20 2>&1 | grep -E 'ev-within|ev-over' | head -n 4 | sed 's/^/E2E-INFO kubeapi audit: /'
+    /e2e/bin/nri-qos audit --socket /var/run/nri/nri.sock --timeout-seconds 20 2>&1 | grep -E 'ev-within|ev-over|^(pod|kubepods)' | head -n 24 | sed 's/^/E2E-INFO kubeapi audit: /'
 }
 
 for s in $E2E_SCENARIOS; do
