@@ -481,8 +481,10 @@ pub fn evicted_message(n: &EvictionNotice, outcome: EvictOutcome, killed: bool) 
         mib(n.request),
         n.request_source,
     );
-    if killed {
+    if killed && n.hard {
         m.push_str(" nri-qos killed the pod's cgroup at once (hard threshold).");
+    } else if killed {
+        m.push_str(" nri-qos killed the pod's cgroup: the API server did not take the Eviction in time (soft threshold).");
     }
     if outcome == EvictOutcome::RefusedByPdb {
         m.push_str(" Its PodDisruptionBudget was overridden.");
@@ -529,6 +531,14 @@ mod tests {
         let m = evicted_message(&n, EvictOutcome::RefusedByPdb, true);
         assert!(m.starts_with("The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi (memory.available). Pod was using 300Mi, request is 100Mi (api-server)."), "{m}");
         assert!(m.contains("overridden"), "{m}");
+        assert!(m.contains("at once (hard threshold)"), "{m}");
+        let soft = EvictionNotice { hard: false, ..n };
+        let m = evicted_message(&soft, EvictOutcome::Unreachable, true);
+        assert!(!m.contains("hard threshold"), "{m}");
+        assert!(
+            m.contains("did not take the Eviction in time (soft threshold)"),
+            "{m}"
+        );
     }
 
     #[test]
