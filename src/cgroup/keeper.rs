@@ -544,6 +544,8 @@ pub fn layouts(reg: &Registry) -> Vec<PodCgroups> {
 }
 
 #[cfg(test)]
+// Tests cast small, known values; the cast lints guard the product code.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use crate::node::registry::{ContainerRecord, PodRecord};

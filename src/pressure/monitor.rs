@@ -12,6 +12,7 @@ use super::rank::{self, Candidate, Ranking};
 use super::{act, psi, Monitor, MonitorError, StepReport, Wake, MAX_PODS, POD_USAGE_SOURCE};
 use crate::node::cgroupfs::ReadError;
 use crate::node::layout::{find_kubepods, Driver};
+use crate::node::time;
 
 impl Monitor {
     /// A tick between full steps while calm needs only the quick check;
@@ -206,7 +207,7 @@ impl Monitor {
 
         if let Some(v) = &self.victim {
             if !act::populated(&v.path) {
-                tracing::info!(victim = %v.uid, took_ms = now.saturating_sub(v.since).as_millis() as u64, "victim pod cgroup is empty");
+                tracing::info!(victim = %v.uid, took_ms = time::millis(now.saturating_sub(v.since)), "victim pod cgroup is empty");
                 self.decider.kill_finished(now);
                 self.victim = None;
             }

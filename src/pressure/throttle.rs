@@ -35,7 +35,7 @@ use super::config::HumanDuration;
 use super::{psi, MonitorError};
 use crate::node::cgroupfs as stat;
 use crate::node::layout::{container_id, Driver};
-use crate::node::relax::{RelaxRequest, Relaxer};
+use crate::node::relax::{RelaxRequest, RelaxVia, Relaxer};
 use crate::qos::QosClass;
 
 /// PSI avg10 is a 10 s exponential average: after relaxing, the stall it
@@ -76,6 +76,8 @@ pub struct ThrottleConfig {
     pub grace_period: HumanDuration,
     /// While any container is under throttle, look this often.
     pub interval: HumanDuration,
+    /// Who writes the relaxed memory.high (see [`RelaxVia`]).
+    pub relax_via: RelaxVia,
 }
 
 impl Default for ThrottleConfig {
@@ -88,6 +90,7 @@ impl Default for ThrottleConfig {
             psi_some_avg10: 10.0,
             grace_period: HumanDuration(Duration::from_secs(10)),
             interval: HumanDuration(Duration::from_millis(500)),
+            relax_via: RelaxVia::CgroupFile,
         }
     }
 }

@@ -32,7 +32,7 @@ impl QosPlugin {
             request_source = ?decision.request_source,
             cpu_request_milli = decision.cpu_request_milli,
             adjustment = ?decision.adjustment,
-            took_us = started.elapsed().as_micros() as u64,
+            took_us = crate::node::time::micros(started.elapsed()),
             "policy decision"
         );
         for note in &decision.notes {
@@ -170,6 +170,10 @@ impl QosPlugin {
         }
     }
 
+    pub(super) fn resources_from_kernel(&self, c: &api::Container) -> Option<api::LinuxResources> {
+        limits_from_kernel(&self.settings.cgroup_root, c)
+    }
+
     pub(super) fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
         let buf = whole.snapshot;
         let mut skipped = 0usize;
@@ -206,7 +210,8 @@ impl QosPlugin {
                 debug!(container = %c.id, "synchronized container without a known pod; skipped");
                 continue;
             };
-            let decision = self.decide_and_record(pod, c, None);
+            let from_kernel = self.resources_from_kernel(c);
+            let decision = self.decide_and_record(pod, c, from_kernel.as_ref());
             let running = matches!(
                 c.state.enum_value(),
                 Ok(api::ContainerState::CONTAINER_RUNNING | api::ContainerState::CONTAINER_CREATED)
@@ -285,4 +290,64 @@ pub fn own_pod_protection(
         p.low -= p.low % PAGE_SIZE;
     }
     sums
+}
+
+/// The container's limits as the kernel holds them, where they differ
+/// from what the runtime reports. CRI-O, restarted after an in-place
+/// resize, describes the container in Synchronize with the resources it
+/// was created with; its memory.max and cpu.max hold what the kubelet
+/// last applied (nri-qos never changes either), and a memory.high
+/// derived from the stale limit would throttle the resized container.
+/// Synchronize and `nri-qos audit` both decide from these.
+pub fn limits_from_kernel(
+    cgroup_root: &std::path::Path,
+    c: &api::Container,
+) -> Option<api::LinuxResources> {
+    let linux = c.linux.as_ref()?;
+    let reported = linux.resources.as_ref()?;
+    let dir = cgroup_root.join(container_cgroup_dir(&linux.cgroups_path)?);
+    let mut fixed = reported.clone();
+    let mut changed = false;
+    let reported_limit = reported.memory.limit.as_ref().map(|v| v.value);
+    let kernel_limit = cgroupfs::read_trimmed(&dir.join("memory.max"))
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|v| *v > 0);
+    if let (Some(was), Some(now)) = (reported_limit.filter(|v| *v > 0), kernel_limit) {
+        // The kernel keeps whole pages: compare what it would have kept.
+        let page = i64::try_from(PAGE_SIZE).unwrap_or(4096);
+        if was / page * page != now {
+            fixed
+                .memory
+                .mut_or_insert_default()
+                .limit
+                .mut_or_insert_default()
+                .value = now;
+            changed = true;
+        }
+    }
+    let reported_quota = reported.cpu.quota.as_ref().map(|v| v.value);
+    let reported_period = reported.cpu.period.as_ref().map(|v| v.value);
+    let kernel_cpu = cgroupfs::read_trimmed(&dir.join("cpu.max")).and_then(|v| {
+        let (quota, period) = v.split_once(' ')?;
+        Some((quota.parse::<i64>().ok()?, period.parse::<u64>().ok()?))
+    });
+    if let (Some(was), Some((quota, period))) = (reported_quota.filter(|v| *v > 0), kernel_cpu) {
+        if (was, reported_period) != (quota, Some(period)) {
+            let cpu = fixed.cpu.mut_or_insert_default();
+            cpu.quota.mut_or_insert_default().value = quota;
+            cpu.period.mut_or_insert_default().value = period;
+            changed = true;
+        }
+    }
+    if changed {
+        info!(
+            container = %c.id,
+            reported_memory_limit = ?reported_limit,
+            kernel_memory_limit = ?kernel_limit,
+            reported_cpu_quota = ?reported_quota,
+            kernel_cpu = ?kernel_cpu,
+            "the runtime reported limits the kernel no longer holds (a resize before the runtime restarted); deciding from the kernel's"
+        );
+    }
+    changed.then_some(fixed)
 }
