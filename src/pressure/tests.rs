@@ -11,8 +11,11 @@ use std::time::Duration;
 
 use super::act::fake::FakeOps;
 use super::decide::{Hold, Plan};
+use super::rank::Candidate;
 use super::*;
+use crate::node::layout::Driver;
 use crate::node::registry::{PodInfo, RequestSource};
+use crate::qos::QosClass;
 use std::sync::Mutex;
 
 /// Pod facts a test hands the monitor, as the plugin or the API server would.
