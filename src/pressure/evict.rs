@@ -244,6 +244,7 @@ impl Monitor {
                             uid: cands[i].uid.clone(),
                             path: cands[i].path.clone(),
                             since: now,
+                            via_api: Some(cands[i].clone()),
                         });
                         return;
                     }
@@ -351,6 +352,7 @@ impl Monitor {
                     match cause {
                         Cause::Node(reason) => m.inc_eviction(&class, &format!("{reason:?}")),
                         Cause::Throttle(signal) => m.inc_throttle_eviction(&class, signal.label()),
+                        Cause::UnenforcedEviction => {}
                     }
                 }
                 self.decider.kill_started(now);
@@ -372,6 +374,7 @@ impl Monitor {
                     uid: victim.uid.clone(),
                     path: victim.path.clone(),
                     since: now,
+                    via_api: None,
                 });
             }
             Err(e) => {

@@ -183,6 +183,9 @@ pub struct StepReport {
 enum Cause {
     Node(Reason),
     Throttle(throttle::Signal),
+    /// An Eviction through the API server (counted when it was created)
+    /// that nobody carried out in time.
+    UnenforcedEviction,
 }
 
 #[derive(Debug, Clone)]
@@ -190,6 +193,9 @@ struct Victim {
     uid: String,
     path: PathBuf,
     since: Duration,
+    /// Evicted through the API server, not killed: the candidate to kill if
+    /// nobody carries the Eviction out in time.
+    via_api: Option<rank::Candidate>,
 }
 
 /// Bound on pods considered per scan (bounded memory and time).

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use super::decide::{Plan, Verdict};
 use super::measure::{cgroup_working_set, derive_request, limit_hits, measure, NodeMemory};
 use super::rank::{self, Candidate, Ranking};
-use super::{act, psi, Monitor, MonitorError, StepReport, Wake, MAX_PODS, POD_USAGE_SOURCE};
+use super::{
+    act, psi, Cause, Monitor, MonitorError, StepReport, Victim, Wake, MAX_PODS, POD_USAGE_SOURCE,
+};
 use crate::node::cgroupfs::ReadError;
 use crate::node::layout::{find_kubepods, Driver};
 use crate::node::time;
@@ -226,7 +228,42 @@ impl Monitor {
             .decider
             .observe(now, node.effective_available(), node.capacity);
         report.verdict = Some(verdict);
-        if verdict.kill_timed_out {
+        // An Eviction the API server accepted but nobody carried out (no
+        // kubelet, or a slow one) must not make the next pods pay for it:
+        // past kill-timeout, or at once past the hard threshold, its cgroup
+        // is killed as if there were no API server.
+        let unenforced = self.victim.as_ref().is_some_and(|v| v.via_api.is_some())
+            && (verdict.kill_timed_out || verdict.hard_met);
+        let mut escalated = false;
+        if unenforced {
+            if let Some(Victim {
+                uid,
+                via_api: Some(cand),
+                since,
+                ..
+            }) = self.victim.take()
+            {
+                if verdict.hard_met || self.decider.pressure() {
+                    tracing::warn!(
+                        victim = %uid,
+                        waited_ms = time::millis(now.saturating_sub(since)),
+                        hard = verdict.hard_met,
+                        "the Eviction was not carried out in time (is the kubelet acting on it?); killing the pod's cgroup"
+                    );
+                    self.kill(
+                        cand,
+                        wake,
+                        now,
+                        Cause::UnenforcedEviction,
+                        None,
+                        &mut report,
+                    );
+                    escalated = true;
+                } else {
+                    tracing::info!(victim = %uid, "pressure is over; the evicted pod is left to the kubelet");
+                }
+            }
+        } else if verdict.kill_timed_out {
             if let Some(v) = self.victim.take() {
                 self.stuck.insert(v.path.clone());
                 tracing::warn!(victim = %v.uid, path = %v.path.display(), "victim cgroup still populated after kill-timeout; skipping it until pressure ends");
@@ -234,6 +271,7 @@ impl Monitor {
         }
 
         match verdict.plan {
+            _ if escalated => {}
             Plan::Calm => {
                 if matches!(wake, Wake::Psi { .. }) {
                     self.explain_psi(wake, now, &node, &verdict, &mut report);
