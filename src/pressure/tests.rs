@@ -1077,7 +1077,10 @@ fn pressure_an_eviction_nobody_carries_out_ends_in_that_pods_kill() {
         evicted = evicted.or(m.step(&Wake::Tick, ms(t)).evicted);
     }
     assert_eq!(evicted.as_deref(), Some("b-over"));
-    assert!(!killed(&b_over), "the Eviction is the kubelet's to carry out first");
+    assert!(
+        !killed(&b_over),
+        "the Eviction is the kubelet's to carry out first"
+    );
     let mut kills = Vec::new();
     for t in (2100..=8000).step_by(100) {
         kills.extend(m.step(&Wake::Tick, ms(t)).killed);
