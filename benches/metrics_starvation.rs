@@ -8,6 +8,14 @@
 
 // Test code: a failed unwrap is the test failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+// Tests, benches and tools cast small, known values; the cast lints guard
+// the product code.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap,
+    clippy::cast_lossless
+)]
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};

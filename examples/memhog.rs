@@ -18,6 +18,14 @@
 //! Build static-ish: `cargo build --release --example memhog`
 //! (`RUSTFLAGS='-C target-feature=+crt-static' --target x86_64-unknown-linux-gnu`
 //! for a fully static binary).
+// Tests, benches and tools cast small, known values; the cast lints guard
+// the product code.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap,
+    clippy::cast_lossless
+)]
 
 use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -15,6 +15,7 @@
 # hardware, so latencies here are upper bounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/vm-bench.sh
 runs=10 rate=256 idle=60 vm=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,29 +32,9 @@ export E2E_VM_TIMEOUT=$((300 + idle + runs * 60))
 mkdir -p "$E2E_WORK"
 cargo build --release --locked --bin nri-qos >&2
 if [ "$vm" = 1 ]; then
-bash tests/e2e/fetch.sh >&2
-NRI_QOS_BIN="$PWD/target/release/nri-qos" bash tests/e2e/run.sh --containerd 2.1 --pressure-bench >&2 || true
-python3 - "$E2E_WORK/console-2.1-none.log" <<'PY'
-import json, re, statistics, sys
-from datetime import datetime
-
-summary, monitor, hogs = {}, [], {}
-for line in open(sys.argv[1], errors="replace"):
-    if not line.startswith("E2E-RAW "):
-        continue
-    _, name, rest = line.rstrip("\n").split(" ", 2)
-    if name == "summary.txt":
-        k, _, v = rest.partition("=")
-        summary[k] = v
-    elif name == "monitor.log":
-        monitor.append(rest)
-    else:
-        hogs.setdefault(name, []).append(rest)
-if not summary:
-    sys.exit(f"bench-pressure: no results in {sys.argv[1]}")
-
-def ms(ts):  # RFC 3339 from tracing, UTC
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000
+vm_bench --pressure-bench
+console_report bench-pressure "$E2E_WORK/console-2.1-none.log" <<'PY'
+import re, statistics
 
 def pct(v, p):
     v = sorted(v)
@@ -62,11 +43,7 @@ def pct(v, p):
 runs = len([k for k in summary if re.fullmatch(r"run\d+_kernel_oom_kills", k)])
 kill_at, wake_to_kill, met_to_kill, kill_to_empty, cross_to_kill, kill_call = {}, [], [], [], [], []
 victims, oom = [], 0
-for raw in monitor:
-    try:
-        j = json.loads(raw)
-    except ValueError:
-        continue
+for j in monitor:
     f = j.get("fields", {})
     msg, victim = f.get("message", ""), str(f.get("victim", ""))
     # pods are named hog<run>, g<run>, b<run>: the first kill of a run counts
@@ -86,7 +63,7 @@ for r in range(1, runs + 1):
     oom += int(summary.get(f"run{r}_kernel_oom_kills", 0) or 0)
     # `memhog --watch` (every 10 ms, outside kubepods): when MemAvailable
     # really dropped below the hard threshold (100Mi = 102400 kB)
-    crossed = next((int(l.split()[1]) for l in hogs.get(f"run{r}-watch.log", [])
+    crossed = next((int(l.split()[1]) for l in files.get(f"run{r}-watch.log", [])
                     if l.startswith("watch ") and l.split()[3] == "102400"), None)
     if r not in kill_at:
         continue

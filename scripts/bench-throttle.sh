@@ -11,41 +11,25 @@
 # throughput figures are only comparable with each other, within one run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/vm-bench.sh
 export E2E_WORK="${E2E_WORK:-$PWD/tests/e2e/work/throttle}"
 export E2E_VM_TIMEOUT="${E2E_VM_TIMEOUT:-900}"
 mkdir -p "$E2E_WORK"
 cargo build --release --locked --bin nri-qos >&2
-bash tests/e2e/fetch.sh >&2
-NRI_QOS_BIN="$PWD/target/release/nri-qos" bash tests/e2e/run.sh --containerd 2.1 --throttle-bench >&2 || true
-python3 - "$E2E_WORK/console-2.1-none.log" <<'PY'
-import json, statistics, sys
-from datetime import datetime
+vm_bench --throttle-bench
+console_report bench-throttle "$E2E_WORK/console-2.1-none.log" <<'PY'
+import statistics
 
-summary, monitor, churn = {}, [], {}
-for line in open(sys.argv[1], errors="replace"):
-    if not line.startswith("E2E-RAW "):
-        continue
-    _, name, rest = line.rstrip("\n").split(" ", 2)
-    if name == "summary.txt":
-        k, _, v = rest.partition("=")
-        summary[k] = v
-    elif name == "monitor.log":
-        monitor.append(rest)
-    elif rest.startswith("churn ") and len(rest.split()) == 3 and "holding" not in rest:
-        _, ms, rate = rest.split()
-        churn.setdefault(name[:-4], []).append((int(ms), float(rate)))
-if not summary:
-    sys.exit(f"bench-throttle: no results in {sys.argv[1]}")
-
-def ms(ts):
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000
+# the allocators' `churn <ms> <MiB/s>` lines, per pod (file name less .log)
+churn = {}
+for name, lines in files.items():
+    for rest in lines:
+        if rest.startswith("churn ") and len(rest.split()) == 3 and "holding" not in rest:
+            _, t, rate = rest.split()
+            churn.setdefault(name[:-4], []).append((int(t), float(rate)))
 
 detect, relax = {}, {}
-for raw in monitor:
-    try:
-        j = json.loads(raw)
-    except ValueError:
-        continue
+for j in monitor:
     f = j.get("fields", {})
     pod = str(f.get("pod", ""))
     if f.get("message", "").startswith("container under memory.high throttle"):

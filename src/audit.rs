@@ -242,7 +242,11 @@ pub fn audit(
         let mut pod_facts = convert::pod_from_wire(pod);
         let kubelet_pod = kubelet_pods.get(pod.id.as_str()).copied().unwrap_or(false);
         pod_facts.kubelet_memory_qos = kubelet_pod;
-        let facts = convert::container_from_wire(c);
+        let mut facts = convert::container_from_wire(c);
+        // What the plugin decided from after a resize the runtime forgot.
+        if let Some(r) = crate::nri::plugin::limits_from_kernel(cgroup_root, c) {
+            facts.resources = convert::resources_from_wire(&r);
+        }
         let d = qos::decide(&pod_facts, &facts, node, policy);
         let eff = qos::policy::effective(&facts.resources, &d.adjustment);
         let bytes = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok());

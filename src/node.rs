@@ -1,7 +1,7 @@
 //! The ground floor: facts about the node read once at start (paths
 //! injected for tests), the QoS class, the kubelet's cgroup layout
-//! ([`layout`]) and reading/writing cgroup files ([`cgroupfs`]). Imports
-//! nothing of ours.
+//! ([`layout`]), reading/writing cgroup files ([`cgroupfs`]) and durations
+//! as whole numbers ([`time`]). Imports nothing of ours.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -10,6 +10,7 @@ use thiserror::Error;
 
 pub mod cgroupfs;
 pub mod layout;
+pub mod time;
 
 /// Kubernetes QoS class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -67,6 +67,23 @@ fn write_expected(root: &Path, p: &api::PodSandbox, c: &api::Container) {
     }
 }
 
+/// `audit` of `snap` against the temp tree at `root`: the default policy,
+/// no `/proc`.
+fn audit_tree(
+    snap: &audit::Snapshot,
+    hierarchy: &HierarchyConfig,
+    root: &Path,
+) -> audit::AuditReport {
+    audit::audit(
+        snap,
+        &NODE,
+        &Default::default(),
+        hierarchy,
+        root,
+        Path::new("/nonexistent"),
+    )
+}
+
 #[tokio::test]
 async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
     let dir = tempfile::tempdir().unwrap();
@@ -133,14 +150,7 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
     assert_eq!(snap.containers.len(), 3);
 
     // Hierarchy values as the keeper would write them.
-    let report = audit::audit(
-        &snap,
-        &NODE,
-        &Default::default(),
-        &HierarchyConfig::default(),
-        &root,
-        Path::new("/nonexistent"),
-    );
+    let report = audit_tree(&snap, &HierarchyConfig::default(), &root);
     for h in &report.hierarchy {
         for c in &h.checks {
             let want = c
@@ -150,14 +160,7 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
             std::fs::write(root.join(&h.cgroup).join(&c.key), want).unwrap();
         }
     }
-    let report = audit::audit(
-        &snap,
-        &NODE,
-        &Default::default(),
-        &HierarchyConfig::default(),
-        &root,
-        Path::new("/nonexistent"),
-    );
+    let report = audit_tree(&snap, &HierarchyConfig::default(), &root);
     assert_eq!(report.drift, 0, "{}", audit::render_table(&report));
     assert_eq!(report.containers.len(), 3);
     assert!(report.hierarchy.len() >= 6, "{report:?}");
@@ -168,14 +171,7 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
         "max 100000",
     )
     .unwrap();
-    let report = audit::audit(
-        &snap,
-        &NODE,
-        &Default::default(),
-        &HierarchyConfig::default(),
-        &root,
-        Path::new("/nonexistent"),
-    );
+    let report = audit_tree(&snap, &HierarchyConfig::default(), &root);
     assert_eq!(report.drift, 1);
     let table = audit::render_table(&report);
     assert!(
@@ -192,14 +188,7 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
     let max = std::fs::read_to_string(cb.join("memory.max")).unwrap();
     for (high, drift) in [(max.as_str(), 0), ("1234", 1)] {
         std::fs::write(cb.join("memory.high"), high).unwrap();
-        let report = audit::audit(
-            &snap,
-            &NODE,
-            &Default::default(),
-            &HierarchyConfig::default(),
-            &root,
-            Path::new("/nonexistent"),
-        );
+        let report = audit_tree(&snap, &HierarchyConfig::default(), &root);
         let table = audit::render_table(&report);
         assert_eq!(report.drift, drift, "{table}");
         assert_eq!(table.contains("relaxed by the throttle guard"), drift == 0);
@@ -229,14 +218,7 @@ fn a_runtime_value_the_policy_does_not_claim_is_not_drift() {
         enabled: false,
         ..Default::default()
     };
-    let report = audit::audit(
-        &snap,
-        &NODE,
-        &Default::default(),
-        &hierarchy,
-        &root,
-        Path::new("/nonexistent"),
-    );
+    let report = audit_tree(&snap, &hierarchy, &root);
     assert_eq!(report.drift, 0, "{}", audit::render_table(&report));
     let min = report.containers[0]
         .checks
@@ -249,14 +231,7 @@ fn a_runtime_value_the_policy_does_not_claim_is_not_drift() {
 
     // A value the policy does claim still drifts when changed.
     std::fs::write(cg.join("memory.low"), "0").unwrap();
-    let report = audit::audit(
-        &snap,
-        &NODE,
-        &Default::default(),
-        &hierarchy,
-        &root,
-        Path::new("/nonexistent"),
-    );
+    let report = audit_tree(&snap, &hierarchy, &root);
     assert_eq!(report.drift, 1, "{}", audit::render_table(&report));
 }
 
@@ -302,14 +277,7 @@ fn kubelet_memory_qos_values_are_owned_by_the_kubelet_and_never_drift() {
             pods: vec![p],
             containers: vec![c],
         };
-        let report = audit::audit(
-            &snap,
-            &NODE,
-            &Default::default(),
-            &HierarchyConfig::default(),
-            &root,
-            Path::new("/nonexistent"),
-        );
+        let report = audit_tree(&snap, &HierarchyConfig::default(), &root);
         let table = audit::render_table(&report);
         assert_eq!(report.drift, 0, "visible {visible}:\n{table}");
         for h in &report.hierarchy {

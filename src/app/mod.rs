@@ -2,10 +2,12 @@
 //! [`crate::config`] and starts its tasks. `main` only parses the command
 //! line and calls one of these.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{self, Config, Launch, MonitorArgs, RunArgs};
+use crate::node::relax::{RelaxVia, Relaxer};
 use crate::nri::{Identity, PluginSettings, QosPlugin, Transport};
 
 mod error;
@@ -37,6 +39,9 @@ pub fn run_monitor(args: MonitorArgs) -> Result<(), AppError> {
     )
     .context("setting up logging")?;
     let (cfg, paths) = (settings.monitor, settings.paths);
+    if cfg.throttle.relax_via == RelaxVia::Runtime {
+        tracing::warn!("throttle.relax-via = \"runtime\" needs the plugin's NRI session; the monitor alone writes the cgroup file");
+    }
     if args.once {
         print!("{}", pressure::cli::once(cfg, paths)?);
         return Ok(());
@@ -169,8 +174,12 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
             let cluster = kube
                 .clone()
                 .map(|k| Arc::new(k) as Arc<dyn crate::node::cluster::ClusterEvictions>);
-            let (relaxer, relax_task) = crate::nri::relax::relaxer(Arc::new(crate::pressure::throttle::FileRelaxer));
-            tokio::spawn(relax_task);
+            let via = monitor_cfg.throttle.relax_via;
+            let (relaxer, relax_task) = throttle_relaxer(via);
+            if let Some(task) = relax_task {
+                tokio::spawn(task);
+            }
+            tracing::info!(relax_via = ?via, "throttle guard relaxes memory.high this way");
             tokio::spawn(async move {
                 if let Err(e) = crate::pressure::run_in_plugin(
                     monitor_cfg,
@@ -178,7 +187,7 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
                     registry,
                     metrics,
                     cluster,
-                    Arc::new(relaxer),
+                    relaxer,
                 )
                 .await
                 {
@@ -194,6 +203,21 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
             }
         }
     })
+}
+
+/// The throttle guard's relax route (`[throttle] relax-via`): the cgroup
+/// file, unless the operator opted into the runtime's UpdateContainers
+/// (deadlock-prone before containerd/nri#301, see [`RelaxVia`]), which
+/// needs its task spawned on the plugin's runtime.
+fn throttle_relaxer(via: RelaxVia) -> (Arc<dyn Relaxer>, Option<impl Future<Output = ()>>) {
+    let file = Arc::new(crate::pressure::throttle::FileRelaxer);
+    match via {
+        RelaxVia::CgroupFile => (file, None),
+        RelaxVia::Runtime => {
+            let (relaxer, task) = crate::nri::relax::relaxer(file);
+            (Arc::new(relaxer), Some(task))
+        }
+    }
 }
 
 /// `nri-qos check-config FILE`: the effective configuration as TOML.
@@ -216,5 +240,55 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::relax::RelaxRequest;
+
+    fn container() -> (tempfile::TempDir, RelaxRequest) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("memory.high"), "247463936\n").unwrap();
+        let r = RelaxRequest {
+            container_id: "abc".into(),
+            cgroup: dir.path().to_path_buf(),
+            value: "268435456".into(),
+        };
+        (dir, r)
+    }
+
+    /// By default nothing goes to the runtime: no UpdateContainers task,
+    /// and the relax is the cgroup file's new value.
+    #[test]
+    fn throttle_relax_defaults_to_the_cgroup_file() {
+        let via = crate::pressure::throttle::ThrottleConfig::default().relax_via;
+        assert_eq!(via, RelaxVia::CgroupFile);
+        let (relaxer, task) = throttle_relaxer(via);
+        assert!(task.is_none());
+        let (dir, r) = container();
+        assert_eq!(relaxer.relax(&r), Ok("cgroup-file"));
+        let v = std::fs::read_to_string(dir.path().join("memory.high")).unwrap();
+        assert_eq!(v.trim(), "268435456");
+    }
+
+    /// Only the explicit opt-in builds the UpdateContainers route.
+    #[test]
+    fn throttle_relax_via_runtime_is_opt_in() {
+        let cfg: crate::pressure::throttle::ThrottleConfig =
+            crate::pressure::throttle::ThrottleConfig::from_toml(
+                "[throttle]\nrelax-via = \"runtime\"\n",
+                "test",
+            )
+            .unwrap();
+        assert_eq!(cfg.relax_via, RelaxVia::Runtime);
+        let (_relaxer, task) = throttle_relaxer(cfg.relax_via);
+        assert!(task.is_some());
+        let bad = crate::pressure::throttle::ThrottleConfig::from_toml(
+            "[throttle]\nrelax-via = \"update-containers\"\n",
+            "test",
+        );
+        assert!(bad.unwrap_err().to_string().contains("relax-via"));
     }
 }

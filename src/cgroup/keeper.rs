@@ -12,19 +12,22 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 
 use super::plan::{self, PodProtection, Write};
-use crate::node::cgroupfs::{exceeds, read_populated, read_protection, Owner, Protection};
+use crate::node::cgroupfs::{read_populated, read_protection, Owner, Protection};
 use crate::node::layout::{pod_cgroups, PodCgroups};
-use crate::node::registry::{Registry, SharedRegistry};
+use crate::node::registry::Registry;
 use crate::node::{join_inside, UnsafePath};
 use crate::qos::KubeletMemoryQos;
+
+mod owner;
+mod task;
+
+pub use task::run;
 
 /// `[hierarchy]` in `config/nri-qos.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -128,67 +131,6 @@ impl Keeper {
     /// Ownership decided so far, per cgroup (relative to the root).
     pub fn owners(&self) -> &HashMap<PathBuf, Owner> {
         &self.owners
-    }
-
-    /// Decides (or confirms) who owns `cg`. `kubelet_signal`: the runtime's
-    /// view says the kubelet protects it; `tree_check`: whether a value on
-    /// disk above anything we would write counts before we ever wrote there.
-    fn decide_owner(
-        &mut self,
-        cg: &Path,
-        kubelet_signal: bool,
-        current: Protection,
-        targets: &[Protection],
-        tree_check: bool,
-    ) -> Owner {
-        let before = self.owners.get(cg).copied();
-        if before == Some(Owner::Kubelet) {
-            return Owner::Kubelet;
-        }
-        let ours = self.ours.get(cg).copied();
-        let kubelet = match self.kubelet_memory_qos {
-            KubeletMemoryQos::Alpha | KubeletMemoryQos::Tiered => true,
-            KubeletMemoryQos::None => false,
-            KubeletMemoryQos::Auto => {
-                kubelet_signal
-                    || match ours {
-                        Some(_) => plan::foreign(current, ours, targets),
-                        None => {
-                            tree_check
-                                && exceeds(
-                                    current,
-                                    targets.iter().copied().fold(Protection::default(), |a, t| {
-                                        Protection {
-                                            min: a.min.max(t.min),
-                                            low: a.low.max(t.low),
-                                        }
-                                    }),
-                                )
-                        }
-                    }
-            }
-        };
-        let owner = if kubelet {
-            Owner::Kubelet
-        } else {
-            Owner::NriQos
-        };
-        if before != Some(owner) {
-            info!(
-                cgroup = %cg.display(),
-                owner = owner.label(),
-                memory_min = current.min,
-                memory_low = current.low,
-                "memory protection owner decided{}",
-                if kubelet { ": the kubelet's Memory QoS writes it, nri-qos never will" } else { "" }
-            );
-            self.owners.insert(cg.to_path_buf(), owner);
-        }
-        if owner == Owner::NriQos && ours.is_none() {
-            // What is there now is ours to change; a later change by anyone else is not.
-            self.ours.insert(cg.to_path_buf(), current);
-        }
-        owner
     }
 
     fn read_protection(&self, cg: &Path) -> Protection {
@@ -478,63 +420,6 @@ impl Keeper {
     }
 }
 
-/// Runs the keeper next to the plugin: a pass on every registry change and
-/// every `resync_seconds`. File I/O runs off the NRI handler path.
-pub async fn run(
-    keeper: Keeper,
-    registry: SharedRegistry,
-    mut changes: tokio::sync::watch::Receiver<u64>,
-    resync: Duration,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-) {
-    let keeper = Arc::new(Mutex::new(keeper));
-    loop {
-        let reg = registry.clone();
-        let k = keeper.clone();
-        let metrics = metrics.clone();
-        let pass = tokio::task::spawn_blocking(move || {
-            let mut k = k.lock().unwrap_or_else(|p| p.into_inner());
-            let pods = {
-                let reg = reg.lock().unwrap_or_else(|p| p.into_inner());
-                k.pods_from_registry(&reg)
-            };
-            let report = k.reconcile(&pods);
-            if let Some(m) = &metrics {
-                let kubelet = k
-                    .owners()
-                    .values()
-                    .filter(|o| **o == Owner::Kubelet)
-                    .count();
-                m.set_protection_owners(kubelet as u64, (k.owners().len() - kubelet) as u64);
-            }
-            // The plugin reads the decisions for later containers of these pods.
-            let mut reg = reg.lock().unwrap_or_else(|p| p.into_inner());
-            reg.owners
-                .retain(|cg, _| k.owners.contains_key(cg) || k.root.join(cg).exists());
-            for (cg, owner) in k.owners() {
-                reg.owners.insert(cg.clone(), *owner);
-            }
-            report
-        })
-        .await;
-        match pass {
-            Ok(r) if r.written > 0 || r.failed > 0 => info!(
-                written = r.written,
-                failed = r.failed,
-                missing = r.missing,
-                scaled = r.scaled,
-                "pod and QoS cgroup protection updated"
-            ),
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "hierarchy pass did not finish"),
-        }
-        tokio::select! {
-            changed = changes.changed() => if changed.is_err() { return },
-            _ = tokio::time::sleep(resync) => {}
-        }
-    }
-}
-
 /// For tests and `audit`: the pod cgroups a registry implies.
 pub fn layouts(reg: &Registry) -> Vec<PodCgroups> {
     reg.pods
@@ -544,6 +429,8 @@ pub fn layouts(reg: &Registry) -> Vec<PodCgroups> {
 }
 
 #[cfg(test)]
+// Tests cast small, known values; the cast lints guard the product code.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use crate::node::registry::{ContainerRecord, PodRecord};
@@ -563,6 +450,17 @@ mod tests {
             std::fs::write(p.join("memory.min"), "0\n").unwrap();
             std::fs::write(p.join("memory.low"), "0\n").unwrap();
         }
+    }
+
+    /// A keeper on the temp tree `root` of a 16 GiB node, default settings.
+    fn keeper(root: &Path) -> Keeper {
+        Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30)
+    }
+
+    /// One pass over the pods `reg` holds.
+    fn pass(k: &mut Keeper, reg: &Registry) -> PassReport {
+        let pods = k.pods_from_registry(reg);
+        k.reconcile(&pods)
     }
 
     fn read(root: &Path, cg: &str, file: &str) -> u64 {
@@ -615,7 +513,7 @@ mod tests {
                 "kubepods/burstable/podb",
             ],
         );
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let mut k = keeper(root);
         let mut reg = registry(&[
             ("a", "/kubepods/poda", 1 << 30, 0),
             ("b", "/kubepods/burstable/podb", 0, 256 << 20),
@@ -640,8 +538,7 @@ mod tests {
         // Pod a goes away: its protection leaves kubepods too.
         reg.pods.remove("a");
         reg.containers.retain(|_, c| c.pod_id != "a");
-        let pods = k.pods_from_registry(&reg);
-        k.reconcile(&pods);
+        pass(&mut k, &reg);
         assert_eq!(read(root, "kubepods", "memory.min"), 0);
         assert_eq!(read(root, "kubepods", "memory.low"), 512 << 20);
     }
@@ -659,14 +556,12 @@ mod tests {
             ],
         );
         let reg = registry(&[("x", "kubepods-burstable-podx.slice", 0, 100 << 20)]);
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
-        let pods = k.pods_from_registry(&reg);
-        k.reconcile(&pods);
+        let mut k = keeper(root);
+        pass(&mut k, &reg);
         assert_eq!(read(root, "kubepods.slice", "memory.low"), 100 << 20);
         // A new keeper (plugin restart) finds nothing to do.
-        let mut k2 = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
-        let pods = k2.pods_from_registry(&reg);
-        assert_eq!(k2.reconcile(&pods).written, 0);
+        let mut k2 = keeper(root);
+        assert_eq!(pass(&mut k2, &reg).written, 0);
     }
 
     #[test]
@@ -678,7 +573,7 @@ mod tests {
             ("a", "/kubepods/burstable/poda", 0, 40960),
             ("b", "/my/custom/parent", 0, 40960),
         ]);
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let mut k = keeper(root);
         let pods = k.pods_from_registry(&reg);
         assert_eq!(pods.len(), 1);
         let r = k.reconcile(&pods);
@@ -729,7 +624,7 @@ mod tests {
             // removed by the runtime, cgroup not yet by the kubelet: empty
             unknown_pod(root, gone, 0, 500 << 20, false);
             let reg = registry(&[("new", known_parent, 0, 100 << 20)]);
-            let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+            let mut k = keeper(root);
             let pods = k.pods_from_registry(&reg);
             let r = k.reconcile(&pods);
             assert_eq!(r.failed, 0, "{kubepods}");
@@ -758,7 +653,7 @@ mod tests {
         std::fs::remove_file(root.join("kubepods/poda/memory.low")).unwrap();
         std::fs::create_dir(root.join("kubepods/poda/memory.low")).unwrap();
         let reg = registry(&[("a", "/kubepods/poda", 0, 40960)]);
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let mut k = keeper(root);
         let pods = k.pods_from_registry(&reg);
         assert_eq!(k.reconcile(&pods).failed, 1);
         std::fs::remove_dir(root.join("kubepods/poda/memory.low")).unwrap();
@@ -971,8 +866,7 @@ mod tests {
                 (c.id.clone(), c)
             }));
         let mut k2 = Keeper::new(root.to_path_buf(), cfg, 4 << 30);
-        let pods = k2.pods_from_registry(&reg);
-        let r = k2.reconcile(&pods);
+        let r = pass(&mut k2, &reg);
         assert_eq!(r.kubelet_owned, 0, "{:?}", k2.owners());
         assert!(k2.owners().values().all(|o| *o == Owner::NriQos));
         assert_eq!(
@@ -997,9 +891,8 @@ mod tests {
             );
             let mut reg = registry(&[("a", "/kubepods/burstable/poda", 0, 40960)]);
             reg.kubelet_memory_qos = setting;
-            let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
-            let pods = k.pods_from_registry(&reg);
-            assert_eq!(k.reconcile(&pods).written, written, "{setting:?}");
+            let mut k = keeper(root);
+            assert_eq!(pass(&mut k, &reg).written, written, "{setting:?}");
         }
     }
 
@@ -1027,7 +920,7 @@ mod tests {
         let root = dir.path();
         tree(root, &["kubepods", "kubepods/poda"]);
         let reg = registry(&[("a", "/kubepods/poda", 1 << 30, 0)]);
-        let mut k = Keeper::new(root.to_path_buf(), HierarchyConfig::default(), 16 << 30);
+        let mut k = keeper(root);
         let pods = k.pods_from_registry(&reg);
         k.reconcile(&pods);
         assert_eq!(read(root, "kubepods/poda", "memory.min"), 1 << 30);
@@ -1066,8 +959,7 @@ mod tests {
             ..Default::default()
         };
         let mut k = Keeper::new(root.to_path_buf(), cfg, 4 << 30);
-        let pods = k.pods_from_registry(&reg);
-        let r = k.reconcile(&pods);
+        let r = pass(&mut k, &reg);
         assert!(r.scaled);
         assert_eq!(read(root, "kubepods", "memory.min"), 2 << 30);
     }

@@ -76,7 +76,8 @@ pub fn targets(pods: &[PodProtection], budget: u64) -> Targets {
     if scaled {
         let scale = |v: u64| -> u64 {
             // v * budget / requested without overflow; rounds down, so sums stay within the budget.
-            ((v as u128 * budget as u128) / requested.max(1) as u128) as u64
+            let scaled = u128::from(v) * u128::from(budget) / u128::from(requested.max(1));
+            u64::try_from(scaled).unwrap_or(v) // never taken: budget < requested, so scaled < v
         };
         for p in by.values_mut() {
             p.min = scale(p.min);
@@ -137,7 +138,11 @@ pub fn budget(mem_total: u64, reserve: u64, share: f64) -> u64 {
     } else {
         0.0
     };
-    (mem_total.saturating_sub(reserve) as f64 * share) as u64
+    // share is in [0, 1], so the product is finite, non-negative and at
+    // most MemTotal − reserve.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let budget = (mem_total.saturating_sub(reserve) as f64 * share) as u64;
+    budget
 }
 
 #[cfg(test)]

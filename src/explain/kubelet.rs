@@ -142,8 +142,9 @@ pub(super) fn oom_score_adj(
         QosClass::BestEffort => return f::BESTEFFORT_OOM_SCORE_ADJ,
         QosClass::Burstable => {}
     }
-    let cap = capacity.max(1) as u128;
-    let raw = |req: u64| 1000 - (1000 * (req as u128 + remaining as u128) / cap).min(2000) as i64;
+    let cap = u128::from(capacity.max(1));
+    let raw =
+        |req: u64| 1000 - (1000 * (u128::from(req) + u128::from(remaining)) / cap).min(2000) as i64;
     let mut adj = raw(mem_request);
     if sidecar {
         if let Some(min_req) = min_regular_request {

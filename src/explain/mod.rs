@@ -250,7 +250,7 @@ pub fn explain_with(
                 cpu_shares: Some(shares),
                 cpu_quota: quota,
                 cpu_period: Some(f::QUOTA_PERIOD),
-                memory_limit: mem_limit.map(|l| l.min(i64::MAX as u64) as i64),
+                memory_limit: mem_limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX)),
                 unified: kubelet_unified.clone(),
             },
             oom_score_adj: Some(oom),

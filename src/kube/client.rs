@@ -19,7 +19,7 @@ use super::facts::{self, PodFacts};
 use super::store::PodStore;
 use super::{Credentials, KubeError};
 use crate::metrics::Metrics;
-use crate::node::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice};
+use crate::node::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice, RelaxNotice};
 
 /// Requests waiting for the API thread; more are refused, never queued
 /// without bound (the monitor then kills as it would without the API).
@@ -210,6 +210,16 @@ impl ClusterEvictions for Kube {
             self.count(EvictOutcome::Unreachable);
         }
     }
+
+    fn memory_high_relaxed(&self, notice: RelaxNotice) {
+        let message = relaxed_message(&notice);
+        let pod = PodRef {
+            namespace: notice.namespace,
+            name: notice.name,
+            uid: notice.uid,
+        };
+        self.post_memory_high_relaxed(pod, message);
+    }
 }
 
 struct ApiThread {
@@ -370,7 +380,7 @@ impl ApiThread {
                 EvictOutcome::Unreachable
             }
             Err(_) => {
-                warn!(pod = %format_args!("{}/{}", n.namespace, n.name), limit_ms = limit.as_millis() as u64, "Eviction got no answer in time");
+                warn!(pod = %format_args!("{}/{}", n.namespace, n.name), limit_ms = crate::node::time::millis(limit), "Eviction got no answer in time");
                 EvictOutcome::Unreachable
             }
         }
@@ -463,6 +473,20 @@ pub fn evicted_message(n: &EvictionNotice, outcome: EvictOutcome, killed: bool) 
     m
 }
 
+/// The `MemoryHighRelaxed` Event's message.
+pub fn relaxed_message(n: &RelaxNotice) -> String {
+    let high = |v: &str| v.parse().map(mib).unwrap_or_else(|_| v.to_string());
+    format!(
+        "nri-qos raised memory.high of container {} from {} to {}: it stayed throttled there past the {} grace period ({:.0} high events/s, memory pressure some avg10 {:.0}%). If the stall persists, the pod is evicted.",
+        n.container_id,
+        high(&n.from),
+        high(&n.to),
+        n.grace,
+        n.high_rate,
+        n.psi_some_avg10,
+    )
+}
+
 fn mib(b: u64) -> String {
     format!("{}Mi", b >> 20)
 }
@@ -488,5 +512,24 @@ mod tests {
         let m = evicted_message(&n, EvictOutcome::RefusedByPdb, true);
         assert!(m.starts_with("The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi (memory.available). Pod was using 300Mi, request is 100Mi (api-server)."), "{m}");
         assert!(m.contains("overridden"), "{m}");
+    }
+
+    #[test]
+    fn the_relax_message_names_the_container_values_and_signals() {
+        let n = RelaxNotice {
+            uid: "u".into(),
+            namespace: "ns".into(),
+            name: "p".into(),
+            container_id: "abc123".into(),
+            from: "247463936".into(),
+            to: "max".into(),
+            high_rate: 1234.4,
+            psi_some_avg10: 36.2,
+            grace: "10s".into(),
+        };
+        assert_eq!(
+            relaxed_message(&n),
+            "nri-qos raised memory.high of container abc123 from 236Mi to max: it stayed throttled there past the 10s grace period (1234 high events/s, memory pressure some avg10 36%). If the stall persists, the pod is evicted."
+        );
     }
 }

@@ -22,6 +22,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::node::time;
+
 /// Kubernetes QoS class label values (`class`), spelled as Kubernetes does
 /// (and as `QosClass`'s `Debug`, so `format!("{class:?}")` fits).
 pub const CLASSES: &[&str] = &["Guaranteed", "Burstable", "BestEffort", OTHER];
@@ -151,8 +153,8 @@ impl Metrics {
             .position(|le| secs <= *le)
             .unwrap_or(HOOK_BUCKETS.len());
         self.hook_buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.hook_sum_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.hook_sum_nanos
+            .fetch_add(time::nanos(d), Ordering::Relaxed);
         self.hook_count.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -208,8 +210,9 @@ impl Metrics {
 
     /// Delay from the API server's last write of a pod to our watch event.
     pub fn set_kube_watch_lag(&self, d: Duration) {
-        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        self.kube.lag_micros.store(micros, Ordering::Relaxed);
+        self.kube
+            .lag_micros
+            .store(time::micros(d), Ordering::Relaxed);
     }
 
     /// Counts one Eviction by its outcome.

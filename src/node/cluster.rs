@@ -1,8 +1,9 @@
 //! What the monitor tells the cluster about an eviction, when something
 //! (the optional Kubernetes source, `crate::kube`) can: an Eviction through
 //! the API moves the pod, where killing its cgroup only gets its containers
-//! restarted in place. The monitor never needs it and never waits on it past
-//! the hard threshold.
+//! restarted in place; an Event on the pod says when the throttle guard
+//! relaxed a container's memory.high. The monitor never needs it and never
+//! waits on it past the hard threshold (nor ever for a relax notice).
 
 use std::time::Duration;
 
@@ -35,6 +36,24 @@ pub enum EvictOutcome {
     Unreachable,
 }
 
+/// The throttle guard raised a container's memory.high (stage 1), with
+/// what the `MemoryHighRelaxed` Event on its pod says.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelaxNotice {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub container_id: String,
+    /// memory.high before and after, as the cgroup file spells them.
+    pub from: String,
+    pub to: String,
+    /// `memory.events` `high` per second and `memory.pressure` some avg10
+    /// (percent) when the guard acted, and for how long it waited.
+    pub high_rate: f64,
+    pub psi_some_avg10: f64,
+    pub grace: String,
+}
+
 /// The cluster side of evictions. Implementations must not block the
 /// caller beyond the limit it passes.
 pub trait ClusterEvictions: Send + Sync {
@@ -44,6 +63,9 @@ pub trait ClusterEvictions: Send + Sync {
     /// Hard threshold: the cgroup was killed; record the Eviction and the
     /// Event in the background, never waiting.
     fn evict_after_kill(&self, notice: EvictionNotice);
+    /// The throttle guard relaxed a container: post the Event in the
+    /// background, never waiting.
+    fn memory_high_relaxed(&self, notice: RelaxNotice);
 }
 
 /// How long the monitor waits for the API server's answer at the soft

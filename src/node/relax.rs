@@ -1,9 +1,32 @@
 //! How the monitor's throttle guard raises a container's memory.high
-//! without knowing who carries it out: the cgroup file alone (standalone
-//! monitor), or the runtime through NRI (`nri::relax`). The monitor calls a
-//! [`Relaxer`]; the app wires the concrete one.
+//! without knowing who carries it out: the cgroup file (the default, and
+//! the standalone monitor's only way), or the runtime through NRI
+//! (`nri::relax`, only with `[throttle] relax-via = "runtime"`). The monitor
+//! calls a [`Relaxer`]; the app wires the concrete one from [`RelaxVia`].
 
 use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// `[throttle] relax-via`: who writes the relaxed memory.high.
+///
+/// The cgroup file by default: a plugin-initiated NRI `UpdateContainers`
+/// can deadlock containerd for good (containerd/containerd#13733: the call
+/// takes NRI's adaptation lock, then containerd's NRI lock; CRI lifecycle
+/// and update events take them in the other order), fixed only by
+/// containerd/nri#301, which containerd 1.7.24 and 2.1.9 do not carry. The
+/// kernel value is what ends the stall, and the plugin leaves a relaxed
+/// memory.high alone on Synchronize and UpdateContainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RelaxVia {
+    /// Write memory.high of the container's cgroup.
+    #[default]
+    CgroupFile,
+    /// NRI `Runtime/UpdateContainers` (read back; the file where the value
+    /// did not arrive). Only for runtimes known to carry containerd/nri#301.
+    Runtime,
+}
 
 /// One relax: the container, its cgroup directory, the memory.high to write.
 #[derive(Debug, Clone, PartialEq, Eq)]

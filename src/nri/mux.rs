@@ -46,6 +46,8 @@ pub const RUNTIME_SERVICE_CONN: u32 = 2;
 
 /// Largest frame payload we send; Go reads through a 4096-byte bufio buffer.
 pub const MAX_OUTGOING_PAYLOAD: usize = 4096;
+// A frame header carries the payload length as a u32.
+const _: () = assert!(MAX_OUTGOING_PAYLOAD <= u32::MAX as usize);
 /// Largest frame payload we accept: a whole ttrpc message (10-byte header plus
 /// 4 MiB body), which is the most any runtime puts in one frame.
 pub const MAX_INCOMING_PAYLOAD: usize = MESSAGE_HEADER_LENGTH + MESSAGE_LENGTH_MAX;
@@ -128,8 +130,7 @@ async fn pump_outgoing(
                 }
             }
         };
-        // n <= MAX_OUTGOING_PAYLOAD, which fits in u32.
-        frame[4..HEADER_LEN].copy_from_slice(&(n as u32).to_be_bytes());
+        frame[4..HEADER_LEN].copy_from_slice(&frame_len(n).to_be_bytes());
         if let Err(source) = trunk.lock().await.write_all(&frame[..HEADER_LEN + n]).await {
             return MuxError::Io {
                 context: "writing a frame",
@@ -235,6 +236,12 @@ fn parse_header(h: &[u8; HEADER_LEN]) -> (u32, usize) {
     (conn, len as usize)
 }
 
+/// The header's length field for an outgoing payload, which is at most
+/// [`MAX_OUTGOING_PAYLOAD`] and so always fits (asserted above).
+fn frame_len(payload: usize) -> u32 {
+    u32::try_from(payload).unwrap_or(u32::MAX)
+}
+
 /// A ttrpc message of conn 1: its header and body.
 enum Incoming<'a> {
     Message(MessageHeader, &'a [u8]),
@@ -321,20 +328,21 @@ impl Answers {
             return;
         }
         let body_len = self.encoded.len() - MESSAGE_HEADER_LENGTH;
-        if body_len > MESSAGE_LENGTH_MAX {
+        let wire_len = u32::try_from(body_len).ok();
+        let Some(wire_len) = wire_len.filter(|_| body_len <= MESSAGE_LENGTH_MAX) else {
             let status = ttrpc::get_status(
                 Code::RESOURCE_EXHAUSTED,
                 format!("response of {body_len} bytes exceeds the ttrpc limit"),
             );
             return self.push(stream_id, &status_response(status));
-        }
-        let header: Vec<u8> = MessageHeader::new_response(stream_id, body_len as u32).into();
+        };
+        let header: Vec<u8> = MessageHeader::new_response(stream_id, wire_len).into();
         self.encoded[..MESSAGE_HEADER_LENGTH].copy_from_slice(&header);
         for chunk in self.encoded.chunks(MAX_OUTGOING_PAYLOAD) {
             self.bytes
                 .extend_from_slice(&PLUGIN_SERVICE_CONN.to_be_bytes());
             self.bytes
-                .extend_from_slice(&(chunk.len() as u32).to_be_bytes());
+                .extend_from_slice(&frame_len(chunk.len()).to_be_bytes());
             self.bytes.extend_from_slice(chunk);
         }
         if self.encoded.capacity() > KEEP_BUFFER {
@@ -443,6 +451,8 @@ async fn call(
 }
 
 #[cfg(test)]
+// Tests cast small, known values; the cast lints guard the product code.
+#[allow(clippy::cast_possible_truncation)]
 mod tests {
     use super::*;
     use ttrpc::proto::MESSAGE_TYPE_RESPONSE;

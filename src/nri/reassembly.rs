@@ -98,8 +98,8 @@ impl SyncReassembler {
             pods, containers, ..
         } = req;
         let sizes = |pods: &[api::PodSandbox], containers: &[api::Container]| {
-            let p = pods.iter().map(|o| o.compute_size() as usize);
-            p.chain(containers.iter().map(|o| o.compute_size() as usize))
+            let p = pods.iter().map(object_size);
+            p.chain(containers.iter().map(object_size))
                 .fold(0usize, usize::saturating_add)
         };
         let first = self.held.pods.is_empty() && self.held.containers.is_empty();
@@ -114,14 +114,14 @@ impl SyncReassembler {
             }
         }
         for pod in pods {
-            if !late && self.fits(pod.compute_size() as usize) {
+            if !late && self.fits(object_size(&pod)) {
                 self.held.pods.push(pod);
             } else {
                 self.drop_one(late);
             }
         }
         for c in containers {
-            if !late && self.fits(c.compute_size() as usize) {
+            if !late && self.fits(object_size(&c)) {
                 self.held.containers.push(c);
             } else {
                 self.drop_one(late);
@@ -171,6 +171,12 @@ impl SyncReassembler {
     pub fn held_bytes(&self) -> usize {
         self.bytes
     }
+}
+
+/// An object's encoded size; one too large for `usize` reads as `usize::MAX`,
+/// so it fails [`SyncReassembler::fits`] and is dropped like any oversized one.
+fn object_size(o: &impl Message) -> usize {
+    usize::try_from(o.compute_size()).unwrap_or(usize::MAX)
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Relaxing a container's memory.high for the monitor's throttle guard
 //! through the runtime (`Runtime/UpdateContainers` on the session's conn 2),
 //! so the runtime's own record of the container agrees with the kernel.
+//! Only with `[throttle] relax-via = "runtime"`: before containerd/nri#301
+//! this call can deadlock containerd (see `node::relax::RelaxVia`).
 //!
 //! Never from inside an NRI handler (the runtime holds its lock while it
 //! waits for our reply, and our call would wait for that lock): the monitor
@@ -117,7 +119,7 @@ async fn serve(mut rx: mpsc::Receiver<Request>, file: Arc<dyn Relaxer>) {
     while let Some(r) = rx.recv().await {
         let outcome = match LINK.get() {
             Some(client) => {
-                let ctx = ttrpc::context::with_timeout(CALL_TIMEOUT.as_nanos() as i64);
+                let ctx = ttrpc::context::with_timeout(crate::node::time::nanos_i64(CALL_TIMEOUT));
                 match client.update_containers(ctx, &update_for(&r)).await {
                     Ok(resp) if resp.failed.is_empty() => Ok(()),
                     Ok(_) => Err("the runtime reported the update as failed".to_string()),

@@ -16,6 +16,7 @@ use ttrpc::r#async::Client;
 use super::mux::{self, MuxError};
 use super::plugin::{QosPlugin, DEFAULT_REGISTRATION_TIMEOUT};
 use super::proto::{api, api_ttrpc};
+use crate::node::time;
 
 /// The name and two-digit index we register with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,7 +177,7 @@ pub async fn serve(
         plugin_idx: identity.index.clone(),
         ..Default::default()
     };
-    let ctx = ttrpc::context::with_timeout(DEFAULT_REGISTRATION_TIMEOUT.as_nanos() as i64);
+    let ctx = ttrpc::context::with_timeout(time::nanos_i64(DEFAULT_REGISTRATION_TIMEOUT));
     let registered = tokio::select! {
         r = client.register_plugin(ctx, &req) => r.map_err(SessionError::Register),
         r = &mut driver.0 => Err(SessionError::Ended(r.unwrap_or(MuxError::Closed))),

@@ -22,7 +22,9 @@ impl Quantity {
     pub fn resolve(&self, capacity: u64) -> u64 {
         match *self {
             Quantity::Bytes(b) => b,
-            // Percent is validated to 0..=100, so the product fits in u64.
+            // Percent is validated to 0..=100 (NaN fails that), so the product
+            // is finite, non-negative and at most capacity.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             Quantity::Percent(p) => (capacity as f64 * p / 100.0) as u64,
         }
     }

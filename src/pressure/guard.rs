@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use super::throttle::{self, Decision, Sample, Signal};
 use super::{act, rank, Cause, Monitor, StepReport, Wake};
+use crate::node::cluster::RelaxNotice;
 use crate::node::layout::Driver;
 use crate::qos::QosClass;
 
@@ -80,6 +81,7 @@ impl Monitor {
                             if let Some(m) = &self.metrics {
                                 m.inc_throttle_relaxed(&format!("{:?}", s.class));
                             }
+                            self.tell_relaxed(s, &signals, &cfg.grace_period.to_string());
                         }
                         // Stage 1 failed: stage 2 follows if the throttle holds.
                         Err(e) => {
@@ -100,6 +102,25 @@ impl Monitor {
         if !evict.is_empty() {
             self.throttle_evict(wake, now, &evict, report);
         }
+    }
+
+    /// An Event on the pod through the API server, when one is configured
+    /// and knows the pod (in the background: the guard never waits on it).
+    fn tell_relaxed(&self, s: &Sample, signals: &throttle::Signals, grace: &str) {
+        let (Some(api), Some(pod)) = (&self.cluster, self.pods.get(&s.pod_uid)) else {
+            return;
+        };
+        api.memory_high_relaxed(RelaxNotice {
+            uid: pod.uid,
+            namespace: pod.namespace,
+            name: pod.name,
+            container_id: s.id.clone(),
+            from: throttle::high_value(s.high),
+            to: s.relax_request().value,
+            high_rate: signals.high_rate,
+            psi_some_avg10: signals.psi_some_avg10,
+            grace: grace.to_string(),
+        });
     }
 
     /// Reads the containers worth reading; tells the guard the rest are quiet.

@@ -68,6 +68,7 @@ use triggers::Triggers;
 
 use crate::node::cgroupfs::{self as stat, ReadError};
 use crate::node::layout::{find_kubepods, Driver};
+use crate::node::time;
 use crate::qos::QosClass;
 
 #[derive(Debug, thiserror::Error)]
@@ -508,7 +509,7 @@ impl Monitor {
 
         if let Some(v) = &self.victim {
             if !act::populated(&v.path) {
-                tracing::info!(victim = %v.uid, took_ms = now.saturating_sub(v.since).as_millis() as u64, "victim pod cgroup is empty");
+                tracing::info!(victim = %v.uid, took_ms = time::millis(now.saturating_sub(v.since)), "victim pod cgroup is empty");
                 self.decider.kill_finished(now);
                 self.victim = None;
             }
@@ -668,7 +669,7 @@ impl Monitor {
             let t = Instant::now();
             match act::reclaim(&c.path, bytes) {
                 Ok(outcome) => {
-                    tracing::info!(pod = %c.uid, bytes, reclaimable = can, ?outcome, took_us = t.elapsed().as_micros() as u64, "memory.reclaim")
+                    tracing::info!(pod = %c.uid, bytes, reclaimable = can, ?outcome, took_us = time::micros(t.elapsed()), "memory.reclaim")
                 }
                 Err(e) => tracing::warn!(pod = %c.uid, error = %e, "memory.reclaim failed"),
             }
@@ -685,6 +686,8 @@ impl Monitor {
             if c.class != QosClass::BestEffort || self.lowered_high.contains_key(&c.path) {
                 continue;
             }
+            // factor is validated to [0, 1): the product is finite, non-negative, at most working_set.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let high = ((c.working_set as f64 * factor) as u64 / 4096 * 4096).max(4096);
             let path = c.path.join("memory.high");
             let original = stat::read(&path)
@@ -992,12 +995,12 @@ impl Monitor {
                     mreleased = r.mreleased,
                     mrelease_exiting = r.mrelease_exiting,
                     // cgroup.kill (or per-pid SIGKILL) plus process_mrelease.
-                    kill_us = t.elapsed().as_micros() as u64,
-                    wake_to_kill_us = wake_to_kill.as_micros() as u64,
+                    kill_us = time::micros(t.elapsed()),
+                    wake_to_kill_us = time::micros(wake_to_kill),
                     met_to_kill_ms = self
                         .decider
                         .met_since()
-                        .map_or(0, |m| now.saturating_sub(m).as_millis() as u64),
+                        .map_or(0, |m| time::millis(now.saturating_sub(m))),
                     wake = %wake,
                     cause = ?cause,
                     "killed pod"
@@ -1022,7 +1025,7 @@ impl Monitor {
                 while t.elapsed() < wait {
                     if !act::populated(&victim.path) {
                         let took = t.elapsed();
-                        tracing::info!(victim = %victim.uid, took_ms = took.as_millis() as u64, "victim pod cgroup is empty");
+                        tracing::info!(victim = %victim.uid, took_ms = time::millis(took), "victim pod cgroup is empty");
                         report.emptied_after = Some(took);
                         self.decider.kill_finished(now + took);
                         return;

@@ -43,7 +43,7 @@ impl Candidate {
 
     /// Usage above request, negative when under (the kubelet's `memory` key).
     pub fn over_request(&self) -> i128 {
-        self.working_set as i128 - self.request as i128
+        i128::from(self.working_set) - i128::from(self.request)
     }
 
     fn priority0(&self) -> i32 {
@@ -142,6 +142,8 @@ pub fn rank(cands: &[Candidate], policy: &RankPolicy) -> Ranking {
 }
 
 #[cfg(test)]
+// Tests cast small, known values; the cast lints guard the product code.
+#[allow(clippy::cast_lossless)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

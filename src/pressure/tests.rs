@@ -1,6 +1,9 @@
 //! Monitor tests on fake cgroup/proc trees with injected wake-ups and a
 //! fake clock. Nothing here touches the real /sys/fs/cgroup or /proc.
 
+// Tests cast small, known values; the cast lints guard the product code.
+#![allow(clippy::cast_possible_truncation, clippy::cast_lossless)]
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -960,6 +963,7 @@ struct FakeCluster {
     refuse: Vec<&'static str>,
     unreachable: bool,
     asked: std::sync::Mutex<Vec<(String, bool)>>,
+    relaxed: std::sync::Mutex<Vec<cluster::RelaxNotice>>,
 }
 
 impl cluster::ClusterEvictions for FakeCluster {
@@ -976,6 +980,52 @@ impl cluster::ClusterEvictions for FakeCluster {
     fn evict_after_kill(&self, n: cluster::EvictionNotice) {
         self.asked.lock().unwrap().push((n.uid.clone(), n.hard));
     }
+    fn memory_high_relaxed(&self, n: cluster::RelaxNotice) {
+        self.relaxed.lock().unwrap().push(n);
+    }
+}
+
+/// With the API server configured, the guard's relax posts one notice (the
+/// `MemoryHighRelaxed` Event) for the pod it knows, and none for a pod it
+/// does not know; the relax itself never depends on it.
+#[test]
+fn throttle_relax_tells_the_api_server_about_known_pods() {
+    let f = Fake::new(Driver::Systemd);
+    let b = f.pod("b-7", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
+    let u = f.pod("u-7", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
+    let reg = Pods::default();
+    reg.upsert(info("b-7", "default", None));
+    let api = Arc::new(FakeCluster::default());
+    let (m, _) = throttle_monitor(&f, reg);
+    let mut m = m.with_cluster(api.clone());
+    let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
+    let mut relaxed = 0;
+    for i in 0..30u64 {
+        for pod in [&b, &u] {
+            let cur = fs::read_to_string(pod.join("app/memory.high")).unwrap_or(high.clone());
+            throttle_files(&f, pod, (i * 100, 0), 20.0, cur.trim(), &max);
+        }
+        relaxed += m.step(&Wake::Tick, ms(i * 500)).relaxed.len();
+    }
+    assert_eq!(relaxed, 2);
+    for pod in [&b, &u] {
+        let v = fs::read_to_string(pod.join("app/memory.high")).unwrap();
+        assert_eq!(v.trim(), max);
+    }
+    let told = api.relaxed.lock().unwrap();
+    assert_eq!(told.len(), 1, "{told:?}");
+    let n = &told[0];
+    assert_eq!(
+        (n.uid.as_str(), n.namespace.as_str(), n.name.as_str()),
+        ("b-7", "default", "b-7-name")
+    );
+    assert_eq!(
+        (n.from.as_str(), n.to.as_str()),
+        (high.as_str(), max.as_str())
+    );
+    assert!(n.high_rate > 50.0 && n.psi_some_avg10 > 10.0, "{n:?}");
+    assert_eq!(n.grace, "10s");
+    assert!(api.asked.lock().unwrap().is_empty());
 }
 
 fn soft_with(api: Arc<FakeCluster>) -> (Fake, [PathBuf; 6], StepReport) {

@@ -25,38 +25,24 @@
 //! The state machine ([`Guard`]) is pure: samples and time come in as
 //! arguments.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::config::HumanDuration;
-use super::{psi, MonitorError};
+use super::MonitorError;
 use crate::node::cgroupfs as stat;
-use crate::node::layout::{container_id, Driver};
-use crate::node::relax::{RelaxRequest, Relaxer};
-use crate::qos::QosClass;
+use crate::node::relax::{RelaxRequest, RelaxVia, Relaxer};
 
-/// PSI avg10 is a 10 s exponential average: after relaxing, the stall it
-/// reports decays over about this long even when throttling stopped at once.
-pub const PSI_SETTLE: Duration = Duration::from_secs(10);
+mod decide;
+mod sample;
 
-/// After a relax (or when a container is first seen already relaxed), PSI
-/// alone counts again only this much later: three avg10 time constants, by
-/// which a stall that ended at the relax reads under 5 % of what it was.
-/// Not forever: a relaxed container stalled by a limit that is not its own
-/// (its pod's memory.high, a thrashing node) must still be evicted.
-pub const PSI_AFTER_RELAX: Duration = Duration::from_secs(30);
-
-/// Event rates are taken over at least this long (see [`Guard::observe`]).
-/// Two seconds: the longest penalty sleep the kernel puts a task over its
-/// memory.high into (5.9+), so every window of a throttled allocator
-/// holds some events.
-pub const RATE_WINDOW: Duration = Duration::from_secs(2);
-
-/// Bound on tracked containers (bounded memory on a weird host).
-const MAX_TRACKED: usize = 8192;
+pub use decide::{
+    rate, Decision, Guard, Signal, Signals, PSI_AFTER_RELAX, PSI_SETTLE, RATE_WINDOW,
+};
+pub use sample::{
+    containers_of, qos_parent, read_container, read_counters, read_psi, Counters, Filter, Sample,
+};
 
 /// The `[throttle]` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,6 +62,8 @@ pub struct ThrottleConfig {
     pub grace_period: HumanDuration,
     /// While any container is under throttle, look this often.
     pub interval: HumanDuration,
+    /// Who writes the relaxed memory.high (see [`RelaxVia`]).
+    pub relax_via: RelaxVia,
 }
 
 impl Default for ThrottleConfig {
@@ -88,6 +76,7 @@ impl Default for ThrottleConfig {
             psi_some_avg10: 10.0,
             grace_period: HumanDuration(Duration::from_secs(10)),
             interval: HumanDuration(Duration::from_millis(500)),
+            relax_via: RelaxVia::CgroupFile,
         }
     }
 }
@@ -141,390 +130,6 @@ impl ThrottleConfig {
     }
 }
 
-/// `memory.events` counters of one cgroup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counters {
-    pub high: u64,
-    pub max: u64,
-}
-
-/// The three signals of one container at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Signals {
-    /// `high` events per second since the previous sample.
-    pub high_rate: f64,
-    pub max_rate: f64,
-    /// `some avg10`, percent.
-    pub psi_some_avg10: f64,
-}
-
-/// Which signal made a decision; a metric label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    High,
-    Max,
-    Psi,
-}
-
-impl Signal {
-    pub fn label(self) -> &'static str {
-        match self {
-            Signal::High => "high",
-            Signal::Max => "max",
-            Signal::Psi => "psi",
-        }
-    }
-}
-
-impl Signals {
-    fn active(&self, cfg: &ThrottleConfig) -> (bool, bool, bool) {
-        (
-            self.high_rate > cfg.high_rate,
-            self.max_rate > cfg.max_rate,
-            self.psi_some_avg10 > cfg.psi_some_avg10,
-        )
-    }
-
-    /// The signal named with an eviction: PSI (the stall) first, then max,
-    /// then high.
-    fn strongest(&self, cfg: &ThrottleConfig) -> Option<Signal> {
-        match self.active(cfg) {
-            (_, _, true) => Some(Signal::Psi),
-            (_, true, _) => Some(Signal::Max),
-            (true, _, _) => Some(Signal::High),
-            _ => None,
-        }
-    }
-}
-
-/// One container cgroup as read at one moment.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    /// Container cgroup directory (the tracking key).
-    pub path: PathBuf,
-    /// Container id (from the cgroup name); a new id resets the baseline.
-    pub id: String,
-    pub pod_uid: String,
-    pub pod_path: PathBuf,
-    pub class: QosClass,
-    pub counters: Counters,
-    pub psi_some_avg10: f64,
-    /// memory.high; `None` = "max".
-    pub high: Option<u64>,
-    /// memory.max; `None` = "max".
-    pub max: Option<u64>,
-}
-
-impl Sample {
-    /// memory.high already as loose as it gets: equal to memory.max, or
-    /// `max` without a limit. What a relax leaves behind, so the relaxed
-    /// state is derived from the tree and survives a restart.
-    pub fn relaxed(&self) -> bool {
-        self.high == self.max || self.high.is_none()
-    }
-
-    /// The value a relax writes: memory.max, or "max".
-    pub fn relax_value(&self) -> Option<u64> {
-        self.max
-    }
-}
-
-/// What the guard wants done with one container.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Decision {
-    /// No signal above its threshold.
-    Calm,
-    /// Under throttle, within the grace period.
-    Throttled { for_: Duration },
-    /// Relaxed a moment ago: signals are given PSI_SETTLE to fall.
-    Settling,
-    /// Stage 1: raise memory.high to memory.max.
-    Relax,
-    /// Stage 2: the pod is an eviction candidate.
-    Evict { signal: Signal },
-}
-
-#[derive(Debug, Clone)]
-struct Track {
-    id: String,
-    last: Option<(Duration, Counters)>,
-    signals: Signals,
-    under_since: Option<Duration>,
-    /// We relaxed it (or tried to): never again for this container id.
-    relax_done: bool,
-    /// No stage 2 before this (PSI avg10 decays after a relax).
-    settle_until: Option<Duration>,
-    /// PSI alone does not count before this (see [`PSI_AFTER_RELAX`]).
-    psi_from: Option<Duration>,
-    /// Only a baseline so far: look again soon for a rate.
-    pending: bool,
-}
-
-impl Track {
-    /// Needs a look at the guard's interval rather than the calm one.
-    fn busy(&self) -> bool {
-        self.pending || self.under_since.is_some() || self.settle_until.is_some()
-    }
-
-    fn new(id: &str) -> Self {
-        Track {
-            id: id.to_string(),
-            last: None,
-            signals: Signals::default(),
-            under_since: None,
-            relax_done: false,
-            settle_until: None,
-            psi_from: None,
-            pending: true,
-        }
-    }
-}
-
-/// Per-container throttle state.
-#[derive(Debug, Clone)]
-pub struct Guard {
-    cfg: ThrottleConfig,
-    tracks: HashMap<PathBuf, Track>,
-}
-
-/// Rate of a counter between two reads; a counter that went down (a new
-/// cgroup under the same path) yields `None`.
-pub fn rate(before: u64, after: u64, elapsed: Duration) -> Option<f64> {
-    let delta = after.checked_sub(before)?;
-    let secs = elapsed.as_secs_f64();
-    Some(if secs > 0.0 { delta as f64 / secs } else { 0.0 })
-}
-
-impl Guard {
-    pub fn new(cfg: ThrottleConfig) -> Self {
-        Guard {
-            cfg,
-            tracks: HashMap::new(),
-        }
-    }
-
-    pub fn config(&self) -> &ThrottleConfig {
-        &self.cfg
-    }
-
-    /// Containers under throttle now (the gauge).
-    pub fn under_throttle(&self) -> usize {
-        self.tracks
-            .values()
-            .filter(|t| t.under_since.is_some())
-            .count()
-    }
-
-    /// True while some container needs watching at the guard's interval.
-    pub fn busy(&self) -> bool {
-        self.tracks.values().any(Track::busy)
-    }
-
-    /// The signals last computed for a container.
-    pub fn signals(&self, path: &Path) -> Option<Signals> {
-        self.tracks.get(path).map(|t| t.signals)
-    }
-
-    /// Feeds one sample and returns what to do. Guaranteed is never acted on.
-    pub fn observe(&mut self, now: Duration, s: &Sample) -> Decision {
-        if s.class == QosClass::Guaranteed {
-            return Decision::Calm;
-        }
-        if !self.tracks.contains_key(&s.path) && self.tracks.len() >= MAX_TRACKED {
-            return Decision::Calm;
-        }
-        let t = self
-            .tracks
-            .entry(s.path.clone())
-            .or_insert_with(|| Track::new(&s.id));
-        if t.id != s.id {
-            // The container restarted under the same cgroup name: new baseline.
-            *t = Track::new(&s.id);
-        }
-        let reset = t
-            .last
-            .is_some_and(|(_, c)| s.counters.high < c.high || s.counters.max < c.max);
-        match t.last {
-            // A counter went down: a new cgroup under this name. New baseline,
-            // and its throttle history is gone too.
-            Some(_) if reset => {
-                *t = Track::new(&s.id);
-                t.last = Some((now, s.counters));
-            }
-            None => t.last = Some((now, s.counters)),
-            // Rates over at least RATE_WINDOW: a throttled allocator sleeps
-            // in the kernel's penalty for up to 2 s between bursts of events,
-            // and a shorter window would see "no events" in that gap and
-            // restart the grace period (seen in the VM with 0.5 s windows).
-            Some((at, c)) if now.saturating_sub(at) >= RATE_WINDOW => {
-                let dt = now.saturating_sub(at);
-                t.signals.high_rate = rate(c.high, s.counters.high, dt).unwrap_or(0.0);
-                t.signals.max_rate = rate(c.max, s.counters.max, dt).unwrap_or(0.0);
-                t.last = Some((now, s.counters));
-                t.pending = false;
-            }
-            Some(_) => {}
-        }
-        if t.pending {
-            if s.high.is_some() && s.high == s.max {
-                // New to us but relaxed (by us before a restart): its PSI
-                // may still be the lagging average of the throttle.
-                t.psi_from.get_or_insert(now + PSI_AFTER_RELAX);
-            }
-            // No rate yet (a new baseline starts with no history).
-            t.signals.high_rate = 0.0;
-            t.signals.max_rate = 0.0;
-        }
-        t.signals.psi_some_avg10 = s.psi_some_avg10;
-        // After a relax, PSI alone does not count for PSI_AFTER_RELAX:
-        // avg10 lags, and in the VM a relaxed allocator still showed some
-        // avg10 ~17 % with no high or max events 10 s after the relax.
-        let psi_counts = t.psi_from.is_none_or(|u| now >= u);
-        decide(&self.cfg, t, now, s.relaxed(), psi_counts)
-    }
-
-    /// A container that was not read this pass because its QoS parent's or
-    /// pod's counters did not move and their PSI is below threshold: every
-    /// signal is below. A calm one is forgotten (tracks exist only while
-    /// there is something to watch; the next look starts a new baseline and
-    /// comes back at the guard's interval for the rate), except one we
-    /// relaxed: relaxing stays once per container.
-    pub fn quiet(&mut self, now: Duration, path: &Path) {
-        let Some(t) = self.tracks.get_mut(path) else {
-            return;
-        };
-        t.signals = Signals::default();
-        t.under_since = None;
-        t.pending = false;
-        if t.settle_until.is_some_and(|u| now >= u) {
-            t.settle_until = None;
-        }
-        if let Some((_, c)) = t.last {
-            t.last = Some((now, c));
-        }
-        if !t.busy() && !t.relax_done {
-            self.tracks.remove(path);
-        }
-    }
-
-    /// Whether any tracked container below `cg` needs watching.
-    pub fn busy_under(&self, cg: &Path) -> bool {
-        self.tracks
-            .iter()
-            .any(|(p, t)| t.busy() && p.starts_with(cg))
-    }
-
-    pub fn is_tracked(&self, path: &Path) -> bool {
-        self.tracks.contains_key(path)
-    }
-
-    /// Tracked container paths (for the monitor's quiet/prune pass).
-    pub fn tracked(&self) -> Vec<PathBuf> {
-        self.tracks.keys().cloned().collect()
-    }
-
-    /// Forgets containers whose cgroup is gone.
-    pub fn forget(&mut self, path: &Path) {
-        self.tracks.remove(path);
-    }
-}
-
-/// The pure grace / stage logic of one track.
-fn decide(
-    cfg: &ThrottleConfig,
-    t: &mut Track,
-    now: Duration,
-    relaxed: bool,
-    psi_counts: bool,
-) -> Decision {
-    let mut signals = t.signals;
-    if !psi_counts {
-        signals.psi_some_avg10 = 0.0;
-    }
-    let (high, max, psi) = signals.active(cfg);
-    let active = high || max || psi;
-    if let Some(until) = t.settle_until {
-        if now < until {
-            // Just relaxed: the signals get time to fall before a new grace.
-            t.under_since = None;
-            return if active {
-                Decision::Settling
-            } else {
-                Decision::Calm
-            };
-        }
-        t.settle_until = None;
-    }
-    if !active {
-        t.under_since = None;
-        return Decision::Calm;
-    }
-    let since = *t.under_since.get_or_insert(now);
-    let held = now.saturating_sub(since);
-    if held < cfg.grace_period.0 {
-        return Decision::Throttled { for_: held };
-    }
-    if high && !relaxed && !t.relax_done {
-        // Exactly once per container id, whether the write works or not.
-        t.relax_done = true;
-        t.under_since = None;
-        t.settle_until = Some(now + PSI_SETTLE);
-        t.psi_from = Some(now + PSI_AFTER_RELAX);
-        return Decision::Relax;
-    }
-    match signals.strongest(cfg) {
-        Some(signal) => Decision::Evict { signal },
-        None => Decision::Calm,
-    }
-}
-
-/// The cgroup of a QoS class's parent, where Burstable and BestEffort pods
-/// live. Guaranteed pods sit directly under kubepods and are never read.
-pub fn qos_parent(kubepods: &Path, driver: Driver, class: QosClass) -> Option<PathBuf> {
-    driver.qos_dir(class).map(|name| kubepods.join(name))
-}
-
-/// `high` and `max` of a cgroup's `memory.events` (hierarchical: a pod's or
-/// QoS parent's counters move whenever any container below them hits its
-/// memory.high or memory.max).
-pub fn read_counters(cg: &Path) -> Option<Counters> {
-    let m = stat::read_flat_keyed(&cg.join("memory.events")).ok()?;
-    Some(Counters {
-        high: m.get("high").copied().unwrap_or(0),
-        max: m.get("max").copied().unwrap_or(0),
-    })
-}
-
-/// `some avg10` of a cgroup's memory.pressure; 0 when unreadable.
-pub fn read_psi(cg: &Path) -> f64 {
-    psi::read(&cg.join("memory.pressure")).map_or(0.0, |p| p.some.avg10)
-}
-
-/// One container cgroup read in full, or `None` when it is not worth
-/// watching: no finite memory.high below memory.max, not relaxed by us (the
-/// guard knows), or unreadable (gone).
-pub fn read_container(
-    cg: &Path,
-    pod_uid: &str,
-    pod_path: &Path,
-    class: QosClass,
-) -> Option<Sample> {
-    let name = cg.file_name()?.to_str()?;
-    let high = stat::read_single(&cg.join("memory.high")).ok()?;
-    let max = stat::read_single(&cg.join("memory.max")).ok()?;
-    Some(Sample {
-        path: cg.to_path_buf(),
-        id: container_id(name).to_string(),
-        pod_uid: pod_uid.to_string(),
-        pod_path: pod_path.to_path_buf(),
-        class,
-        counters: read_counters(cg)?,
-        psi_some_avg10: read_psi(cg),
-        high,
-        max,
-    })
-}
-
 /// memory.high as written to the file: bytes, or "max".
 pub fn high_value(v: Option<u64>) -> String {
     v.map_or_else(|| "max".to_string(), |b| b.to_string())
@@ -555,44 +160,12 @@ impl Relaxer for FileRelaxer {
     }
 }
 
-/// Container cgroups directly under a pod cgroup.
-pub fn containers_of(pod: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(pod)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| e.path())
-        .collect()
-}
-
-/// The cheap filter: what a parent cgroup looked like at the last pass.
-#[derive(Debug, Default, Clone)]
-pub struct Filter {
-    seen: HashMap<PathBuf, Counters>,
-}
-
-impl Filter {
-    /// True when `cg`'s hierarchical counters moved since the last look or
-    /// its PSI is above `psi_threshold`: something below may be throttled.
-    pub fn moved(&mut self, cg: &Path, psi_threshold: f64) -> bool {
-        let Some(now) = read_counters(cg) else {
-            return false;
-        };
-        let before = self.seen.insert(cg.to_path_buf(), now);
-        before != Some(now) || read_psi(cg) > psi_threshold
-    }
-
-    /// Keeps only the given parents (bounded by the pod count).
-    pub fn retain(&mut self, keep: impl Fn(&Path) -> bool) {
-        self.seen.retain(|p, _| keep(p));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::qos::QosClass;
     use proptest::prelude::*;
+    use std::path::PathBuf;
 
     fn cfg() -> ThrottleConfig {
         ThrottleConfig::default()

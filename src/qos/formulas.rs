@@ -36,7 +36,7 @@ pub fn milli_cpu_to_quota(milli: u64, period: u64) -> i64 {
         return 0;
     }
     let q = milli.saturating_mul(period) / 1000;
-    (q.min(i64::MAX as u64) as i64).max(MIN_QUOTA)
+    i64::try_from(q).unwrap_or(i64::MAX).max(MIN_QUOTA)
 }
 
 /// Classic linear shares → cpu.weight (KEP-2254; the kubelet's own
@@ -58,7 +58,10 @@ pub fn cpu_weight_quadratic(shares: u64) -> u64 {
     }
     let l = (shares as f64).log2();
     let exponent = (l * l + 125.0 * l) / 612.0 - 7.0 / 34.0;
-    (10f64.powf(exponent).ceil() as u64).clamp(1, 10_000)
+    // 2 < shares < 262144, so the power is finite, positive and below 10^4.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let weight = 10f64.powf(exponent).ceil() as u64;
+    weight.clamp(1, 10_000)
 }
 
 /// kubelet `GetContainerOOMScoreAdjust` for a Burstable container:
@@ -67,7 +70,8 @@ pub fn burstable_oom_score_adj(memory_request: u64, memory_capacity: u64) -> i64
     if memory_capacity == 0 {
         return 999;
     }
-    let frac = (1000u128 * memory_request as u128 / memory_capacity as u128).min(2000) as i64;
+    let frac =
+        (1000u128 * u128::from(memory_request) / u128::from(memory_capacity)).min(2000) as i64;
     let adj = 1000 - frac;
     if adj < 1000 + GUARANTEED_OOM_SCORE_ADJ {
         return 3;
@@ -91,9 +95,10 @@ pub fn memory_request_range_from_oom_score_adj(
     if !(3..=998).contains(&adj) {
         return None;
     }
-    let bound = |permille: i64| {
-        let v = (permille as u128 * capacity as u128).div_ceil(1000);
-        v.min(u64::MAX as u128) as u64
+    let adj = adj.unsigned_abs(); // 3..=998, checked above
+    let bound = |permille: u64| {
+        let v = (u128::from(permille) * u128::from(capacity)).div_ceil(1000);
+        u64::try_from(v).unwrap_or(u64::MAX)
     };
     let start = bound(1000 - adj);
     let end = if adj == 3 {
@@ -126,7 +131,11 @@ pub fn memory_high(
         return None;
     }
     let raw = request as f64 + (base as f64 - request as f64) * factor;
-    let high = ((raw / page as f64).floor() as u64).saturating_mul(page);
+    // raw lies between request and base (factor is in (0, 1]) and page > 0,
+    // so the page count is finite, non-negative and at most base.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let pages = (raw / page as f64).floor() as u64;
+    let high = pages.saturating_mul(page);
     (high > request && high <= base).then_some(high)
 }
 

@@ -449,6 +449,8 @@ pub fn effective(current: &Resources, adj: &Adjustment) -> Resources {
 }
 
 #[cfg(test)]
+// Tests cast small, known values; the cast lints guard the product code.
+#[allow(clippy::cast_sign_loss)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

@@ -56,7 +56,9 @@ impl Quantity {
         } else {
             digits.parse().map_err(|_| invalid())?
         };
-        let mut dec = -(frac.len() as i32);
+        // `s` is at most 64 bytes, so this never fails; the error keeps it honest.
+        let mut dec =
+            -i32::try_from(frac.len()).map_err(|_| QuantityError::TooLarge(text.to_string()))?;
         let mut bin = 0;
         match suffix {
             "" => {}
@@ -96,10 +98,10 @@ impl Quantity {
         let mut num: u128 = self.mantissa.checked_mul(1u128.checked_shl(self.bin)?)?;
         let exp = self.dec - scale;
         if exp >= 0 {
-            num = num.checked_mul(10u128.checked_pow(exp as u32)?)?;
+            num = num.checked_mul(10u128.checked_pow(exp.unsigned_abs())?)?;
             u64::try_from(num).ok()
         } else {
-            let div = 10u128.checked_pow((-exp) as u32)?;
+            let div = 10u128.checked_pow(exp.unsigned_abs())?;
             u64::try_from(num.div_ceil(div)).ok()
         }
     }

@@ -55,7 +55,7 @@ impl Plugin for QosPlugin {
         info!(
             runtime = %info.name,
             version = %info.version,
-            request_timeout_ms = info.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT).as_millis() as u64,
+            request_timeout_ms = crate::node::time::millis(info.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT)),
             oom_score_adj_supported = info.applies_oom_score_adj,
             config_bytes = req.config.len(),
             "configured by the runtime"

@@ -121,6 +121,10 @@ impl QosPlugin {
         }
     }
 
+    pub(super) fn resources_from_kernel(&self, c: &api::Container) -> Option<api::LinuxResources> {
+        limits_from_kernel(&self.settings.cgroup_root, c)
+    }
+
     /// Rebuilds the registry from a whole Synchronize and returns the
     /// updates for containers that already run. Each pod and container is
     /// converted and decided once; the new records replace the old ones in
@@ -199,14 +203,24 @@ impl QosPlugin {
                 continue;
             };
             let started = Instant::now();
+            let from_kernel = self.resources_from_kernel(c);
             let api_request = self
                 .api_pods
                 .as_ref()
                 .and_then(|api| api.container_request(&pod_facts.uid, &c.name));
             let (facts, decision) = match first_pass.get_mut(i).and_then(Option::take) {
-                Some(done) if !pod_facts.kubelet_memory_qos && api_request.is_none() => done,
+                Some(done)
+                    if !pod_facts.kubelet_memory_qos
+                        && api_request.is_none()
+                        && from_kernel.is_none() =>
+                {
+                    done
+                }
                 done => {
                     let mut facts = done.map_or_else(|| convert::container_from_wire(c), |d| d.0);
+                    if let Some(r) = &from_kernel {
+                        facts.resources = convert::resources_from_wire(r);
+                    }
                     facts.api_memory_request = api_request;
                     let d = decide_or_leave_alone(pod_facts, &facts, node, policy);
                     (facts, d)
@@ -335,7 +349,7 @@ fn container_record(
         request_source = ?decision.request_source,
         cpu_request_milli = decision.cpu_request_milli,
         adjustment = ?decision.adjustment,
-        took_us = started.elapsed().as_micros() as u64,
+        took_us = crate::node::time::micros(started.elapsed()),
         "policy decision"
     );
     for note in &decision.notes {
@@ -367,4 +381,64 @@ fn container_record(
         oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
         cgroups_path: facts.cgroups_path.clone(),
     }
+}
+
+/// The container's limits as the kernel holds them, where they differ
+/// from what the runtime reports. CRI-O, restarted after an in-place
+/// resize, describes the container in Synchronize with the resources it
+/// was created with; its memory.max and cpu.max hold what the kubelet
+/// last applied (nri-qos never changes either), and a memory.high
+/// derived from the stale limit would throttle the resized container.
+/// Synchronize and `nri-qos audit` both decide from these.
+pub fn limits_from_kernel(
+    cgroup_root: &std::path::Path,
+    c: &api::Container,
+) -> Option<api::LinuxResources> {
+    let linux = c.linux.as_ref()?;
+    let reported = linux.resources.as_ref()?;
+    let dir = cgroup_root.join(container_cgroup_dir(&linux.cgroups_path)?);
+    let mut fixed = reported.clone();
+    let mut changed = false;
+    let reported_limit = reported.memory.limit.as_ref().map(|v| v.value);
+    let kernel_limit = cgroupfs::read_trimmed(&dir.join("memory.max"))
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|v| *v > 0);
+    if let (Some(was), Some(now)) = (reported_limit.filter(|v| *v > 0), kernel_limit) {
+        // The kernel keeps whole pages: compare what it would have kept.
+        let page = i64::try_from(PAGE_SIZE).unwrap_or(4096);
+        if was / page * page != now {
+            fixed
+                .memory
+                .mut_or_insert_default()
+                .limit
+                .mut_or_insert_default()
+                .value = now;
+            changed = true;
+        }
+    }
+    let reported_quota = reported.cpu.quota.as_ref().map(|v| v.value);
+    let reported_period = reported.cpu.period.as_ref().map(|v| v.value);
+    let kernel_cpu = cgroupfs::read_trimmed(&dir.join("cpu.max")).and_then(|v| {
+        let (quota, period) = v.split_once(' ')?;
+        Some((quota.parse::<i64>().ok()?, period.parse::<u64>().ok()?))
+    });
+    if let (Some(was), Some((quota, period))) = (reported_quota.filter(|v| *v > 0), kernel_cpu) {
+        if (was, reported_period) != (quota, Some(period)) {
+            let cpu = fixed.cpu.mut_or_insert_default();
+            cpu.quota.mut_or_insert_default().value = quota;
+            cpu.period.mut_or_insert_default().value = period;
+            changed = true;
+        }
+    }
+    if changed {
+        info!(
+            container = %c.id,
+            reported_memory_limit = ?reported_limit,
+            kernel_memory_limit = ?kernel_limit,
+            reported_cpu_quota = ?reported_quota,
+            kernel_cpu = ?kernel_cpu,
+            "the runtime reported limits the kernel no longer holds (a resize before the runtime restarted); deciding from the kernel's"
+        );
+    }
+    changed.then_some(fixed)
 }

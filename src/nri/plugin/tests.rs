@@ -142,3 +142,65 @@ async fn synchronized_is_said_once_the_last_chunk_is_answered_and_forgotten_on_r
         "a new session syncs anew"
     );
 }
+
+#[test]
+fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plugin(dir.path());
+    let pod = kubelet_pod(dir.path(), "r", 0);
+    // CRI-O restarted after the kubelet resized 512Mi -> 768Mi and 0.5 -> 1
+    // CPU: it still reports 512Mi and no quota change, the kernel has both.
+    let mut c = hidden_container("c1", "r");
+    {
+        let linux = c.linux.as_mut().unwrap();
+        linux.cgroups_path = "/kubepods/burstable/podr/c1".into();
+        let cpu = linux
+            .resources
+            .as_mut()
+            .unwrap()
+            .cpu
+            .mut_or_insert_default();
+        cpu.quota.mut_or_insert_default().value = 50_000;
+        cpu.period.mut_or_insert_default().value = 100_000;
+    }
+    let cg = dir.path().join("kubepods/burstable/podr/c1");
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("memory.max"), "805306368\n").unwrap();
+    std::fs::write(cg.join("cpu.max"), "100000 100000\n").unwrap();
+    let fixed = p.resources_from_kernel(&c).expect("limits differ");
+    let facts = convert::resources_from_wire(&fixed);
+    assert_eq!(facts.memory_limit, Some(805306368));
+    assert_eq!(facts.cpu_quota, Some(100_000));
+    assert_eq!(facts.cpu_period, Some(100_000));
+
+    let updates = p.finish_sync(Complete {
+        snapshot: super::super::reassembly::Snapshot {
+            pods: vec![pod],
+            containers: vec![c.clone()],
+        },
+        ..Default::default()
+    });
+    assert_eq!(updates.len(), 1, "{updates:?}");
+    let high = |u: &api::ContainerUpdate| {
+        u.linux.resources.as_ref().unwrap().unified["memory.high"].clone()
+    };
+    let stale = plugin(dir.path()).decide_and_record(&kubelet_pod(dir.path(), "r", 0), &c, None);
+    let fresh =
+        plugin(dir.path()).decide_and_record(&kubelet_pod(dir.path(), "r", 0), &c, Some(&fixed));
+    assert_ne!(
+        stale.adjustment.unified["memory.high"],
+        fresh.adjustment.unified["memory.high"]
+    );
+    assert_eq!(high(&updates[0]), fresh.adjustment.unified["memory.high"]);
+
+    // Same values (the kernel keeps whole pages), no file, or no limit:
+    // the runtime's report stands.
+    std::fs::write(cg.join("memory.max"), "536870912\n").unwrap();
+    std::fs::write(cg.join("cpu.max"), "50000 100000\n").unwrap();
+    assert!(p.resources_from_kernel(&c).is_none());
+    std::fs::remove_file(cg.join("memory.max")).unwrap();
+    std::fs::remove_file(cg.join("cpu.max")).unwrap();
+    assert!(p.resources_from_kernel(&c).is_none());
+    std::fs::write(cg.join("memory.max"), "max\n").unwrap();
+    assert!(p.resources_from_kernel(&c).is_none());
+}

@@ -7,6 +7,14 @@
 //! - `E2E-TIMING {json}` from `timing`
 //!
 //! Run `cri-client --help` for the commands.
+// Tests, benches and tools cast small, known values; the cast lints guard
+// the product code.
+#![allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::cast_possible_wrap,
+    clippy::cast_lossless
+)]
 
 mod cri;
 mod manifest;

@@ -1,0 +1,68 @@
+//! The keeper's task: passes off the NRI handler path, on registry changes
+//! and on a timer, with the ownership decisions handed back to the plugin.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::Keeper;
+use crate::node::cgroupfs::Owner;
+use crate::node::registry::SharedRegistry;
+
+/// Runs the keeper next to the plugin: a pass on every registry change and
+/// every `resync_seconds`. File I/O runs off the NRI handler path.
+pub async fn run(
+    keeper: Keeper,
+    registry: SharedRegistry,
+    mut changes: tokio::sync::watch::Receiver<u64>,
+    resync: Duration,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+) {
+    let keeper = Arc::new(Mutex::new(keeper));
+    loop {
+        let reg = registry.clone();
+        let k = keeper.clone();
+        let metrics = metrics.clone();
+        let pass = tokio::task::spawn_blocking(move || {
+            let mut k = k.lock().unwrap_or_else(|p| p.into_inner());
+            let pods = {
+                let reg = reg.lock().unwrap_or_else(|p| p.into_inner());
+                k.pods_from_registry(&reg)
+            };
+            let report = k.reconcile(&pods);
+            if let Some(m) = &metrics {
+                let kubelet = k
+                    .owners()
+                    .values()
+                    .filter(|o| **o == Owner::Kubelet)
+                    .count();
+                m.set_protection_owners(kubelet as u64, (k.owners().len() - kubelet) as u64);
+            }
+            // The plugin reads the decisions for later containers of these pods.
+            let mut reg = reg.lock().unwrap_or_else(|p| p.into_inner());
+            reg.owners
+                .retain(|cg, _| k.owners.contains_key(cg) || k.root.join(cg).exists());
+            for (cg, owner) in k.owners() {
+                reg.owners.insert(cg.clone(), *owner);
+            }
+            report
+        })
+        .await;
+        match pass {
+            Ok(r) if r.written > 0 || r.failed > 0 => info!(
+                written = r.written,
+                failed = r.failed,
+                missing = r.missing,
+                scaled = r.scaled,
+                "pod and QoS cgroup protection updated"
+            ),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "hierarchy pass did not finish"),
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(resync) => {}
+        }
+    }
+}
