@@ -126,9 +126,9 @@ impl QosPlugin {
     }
 
     /// Rebuilds the registry from a whole Synchronize and returns the
-    /// updates for containers that already run. Each pod and container is
-    /// converted and decided once; the new records replace the old ones in
-    /// one step at the end (the owners are kept).
+    /// updates for containers that already run. Each pod is converted once;
+    /// the new records replace the old ones in one step at the end (the
+    /// owners are kept).
     pub(super) fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
         let buf = whole.snapshot;
         let live = self.live();
@@ -140,27 +140,23 @@ impl QosPlugin {
         for p in &buf.pods {
             pods.insert(p.id.as_str(), (p, convert::pod_from_wire(p)));
         }
-        // Where the kubelet's Memory QoS may protect pods unseen, decide every
-        // container first as if nobody else did: the sums per pod tell who
-        // protected the pod cgroup (see `recover_pod_owners`). The decisions
-        // are kept for the pass below, which repeats only those that depend
-        // on the owner found or on the API server's request.
+        // Where the kubelet's Memory QoS may protect pods unseen, the sums
+        // of our own decisions per pod tell who protected each pod cgroup
+        // (see `recover_pod_owners`). Those decisions are not kept for the
+        // pass below: holding every container's facts and decision at once
+        // raised the peak and the RSS left after the sync by megabytes.
         let owners_from_tree =
             policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto && node.cgroup_v2;
-        let mut first_pass: Vec<Option<(qos::ContainerFacts, qos::Decision)>> = Vec::new();
         if owners_from_tree {
             let mut sums = HashMap::new();
-            first_pass = buf
-                .containers
-                .iter()
-                .map(|c| {
-                    let (_, pod) = pods.get(c.pod_sandbox_id.as_str())?;
-                    let facts = convert::container_from_wire(c);
-                    let d = decide_or_leave_alone(pod, &facts, node, policy);
-                    add_own_protection(&mut sums, &c.pod_sandbox_id, &facts, &d);
-                    Some((facts, d))
-                })
-                .collect();
+            for c in &buf.containers {
+                let Some((_, pod)) = pods.get(c.pod_sandbox_id.as_str()) else {
+                    continue;
+                };
+                let facts = convert::container_from_wire(c);
+                let d = decide_or_leave_alone(pod, &facts, node, policy);
+                add_own_protection(&mut sums, &c.pod_sandbox_id, &facts, &d);
+            }
             self.recover_pod_owners(&buf.pods, &whole_pages(sums));
             // In a Synchronize nothing is seen for the first time: a pod is
             // the kubelet's only where the rule above (or before) said so.
@@ -208,24 +204,12 @@ impl QosPlugin {
                 .api_pods
                 .as_ref()
                 .and_then(|api| api.container_request(&pod_facts.uid, &c.name));
-            let (facts, decision) = match first_pass.get_mut(i).and_then(Option::take) {
-                Some(done)
-                    if !pod_facts.kubelet_memory_qos
-                        && api_request.is_none()
-                        && from_kernel.is_none() =>
-                {
-                    done
-                }
-                done => {
-                    let mut facts = done.map_or_else(|| convert::container_from_wire(c), |d| d.0);
-                    if let Some(r) = &from_kernel {
-                        facts.resources = convert::resources_from_wire(r);
-                    }
-                    facts.api_memory_request = api_request;
-                    let d = decide_or_leave_alone(pod_facts, &facts, node, policy);
-                    (facts, d)
-                }
-            };
+            let mut facts = convert::container_from_wire(c);
+            if let Some(r) = &from_kernel {
+                facts.resources = convert::resources_from_wire(r);
+            }
+            facts.api_memory_request = api_request;
+            let decision = decide_or_leave_alone(pod_facts, &facts, node, policy);
             let record = container_record(pod, pod_facts, c, &facts, &decision, started);
             new_containers.insert(c.id.clone(), record);
             if described_twice.contains(&pod.id.as_str()) {
