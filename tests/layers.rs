@@ -13,9 +13,6 @@
 //! No dependencies beyond std: a small tokenizer blanks comments and
 //! literals, then follows paths token by token.
 //!
-//! The two tree checks are `#[ignore]`d until the #13 redesign branches land
-//! (today's main breaks both; `cargo test --test layers -- --include-ignored`
-//! prints the list). To enforce them, delete the two `#[ignore]` lines.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fmt;
@@ -541,7 +538,6 @@ fn imports_only_point_down() {
 }
 
 #[test]
-#[ignore = "fails on main until the #13 redesign branches land; delete this line to enforce"]
 fn no_file_over_the_size_limit() {
     let big: Vec<String> = source_tree()
         .iter()

@@ -13,9 +13,10 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::facts::{self, PodFacts};
+use super::messages::{evicted_message, relaxed_message};
 use super::store::PodStore;
 use super::{Credentials, KubeError};
 use crate::metrics::Metrics;
@@ -105,7 +106,17 @@ impl Kube {
                 what: "starting the API runtime",
                 source,
             })?;
-        let client = rt.block_on(client(&credentials))?;
+        // The kubeconfig is read here so its errors are the caller's; the
+        // client (TLS set-up) is built on the API thread: a pre-launched
+        // plugin must register within the runtime's timeout (containerd: 5 s
+        // from launch), and under emulation building it here made the
+        // plugin miss that in the VM test.
+        if let Credentials::Kubeconfig(path) = &credentials {
+            kube::config::Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
+                path: path.clone(),
+                source,
+            })?;
+        }
         let store = Arc::new(PodStore::default());
         let (tx, rx) = mpsc::channel(QUEUE);
         if let Some(m) = &metrics {
@@ -123,6 +134,13 @@ impl Kube {
             .name("nri-qos-kube".into())
             .spawn(move || {
                 rt.block_on(async move {
+                    let client = match client(&credentials).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            error!(error = %e, "Kubernetes API source not started; running on the runtime's pod facts alone");
+                            return;
+                        }
+                    };
                     let api = ApiThread {
                         client,
                         node_name,
@@ -451,85 +469,4 @@ impl ApiThread {
 
 fn chrono_now() -> k8s_openapi::jiff::Timestamp {
     k8s_openapi::jiff::Timestamp::now()
-}
-
-/// The Event's message, in the kubelet's words where they fit.
-pub fn evicted_message(n: &EvictionNotice, outcome: EvictOutcome, killed: bool) -> String {
-    let mut m = format!(
-        "The node was low on resource: memory. Threshold quantity: {}, available: {} ({}). Pod was using {}, request is {} ({}).",
-        mib(n.threshold),
-        mib(n.available),
-        n.signal,
-        mib(n.working_set),
-        mib(n.request),
-        n.request_source,
-    );
-    if killed {
-        m.push_str(" nri-qos killed the pod's cgroup at once (hard threshold).");
-    }
-    if outcome == EvictOutcome::RefusedByPdb {
-        m.push_str(" Its PodDisruptionBudget was overridden.");
-    }
-    m
-}
-
-/// The `MemoryHighRelaxed` Event's message.
-pub fn relaxed_message(n: &RelaxNotice) -> String {
-    let high = |v: &str| v.parse().map(mib).unwrap_or_else(|_| v.to_string());
-    format!(
-        "nri-qos raised memory.high of container {} from {} to {}: it stayed throttled there past the {} grace period ({:.0} high events/s, memory pressure some avg10 {:.0}%). If the stall persists, the pod is evicted.",
-        n.container_id,
-        high(&n.from),
-        high(&n.to),
-        n.grace,
-        n.high_rate,
-        n.psi_some_avg10,
-    )
-}
-
-fn mib(b: u64) -> String {
-    format!("{}Mi", b >> 20)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_event_message_names_signal_usage_and_request() {
-        let n = EvictionNotice {
-            uid: "u".into(),
-            namespace: "ns".into(),
-            name: "p".into(),
-            hard: true,
-            available: 50 << 20,
-            signal: "memory.available".into(),
-            threshold: 100 << 20,
-            working_set: 300 << 20,
-            request: 100 << 20,
-            request_source: "api-server".into(),
-        };
-        let m = evicted_message(&n, EvictOutcome::RefusedByPdb, true);
-        assert!(m.starts_with("The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi (memory.available). Pod was using 300Mi, request is 100Mi (api-server)."), "{m}");
-        assert!(m.contains("overridden"), "{m}");
-    }
-
-    #[test]
-    fn the_relax_message_names_the_container_values_and_signals() {
-        let n = RelaxNotice {
-            uid: "u".into(),
-            namespace: "ns".into(),
-            name: "p".into(),
-            container_id: "abc123".into(),
-            from: "247463936".into(),
-            to: "max".into(),
-            high_rate: 1234.4,
-            psi_some_avg10: 36.2,
-            grace: "10s".into(),
-        };
-        assert_eq!(
-            relaxed_message(&n),
-            "nri-qos raised memory.high of container abc123 from 236Mi to max: it stayed throttled there past the 10s grace period (1234 high events/s, memory pressure some avg10 36%). If the stall persists, the pod is evicted."
-        );
-    }
 }

@@ -11,6 +11,7 @@
 
 mod client;
 pub mod facts;
+pub mod messages;
 pub mod store;
 
 use std::path::{Path, PathBuf};

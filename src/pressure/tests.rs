@@ -11,8 +11,11 @@ use std::time::Duration;
 
 use super::act::fake::FakeOps;
 use super::decide::{Hold, Plan};
+use super::rank::Candidate;
 use super::*;
+use crate::node::layout::Driver;
 use crate::node::registry::{PodInfo, RequestSource};
+use crate::qos::QosClass;
 use std::sync::Mutex;
 
 /// Pod facts a test hands the monitor, as the plugin or the API server would.
@@ -1055,6 +1058,39 @@ fn pressure_soft_evicts_through_the_api_and_a_pdb_passes_the_turn() {
     assert_eq!(
         *api.asked.lock().unwrap(),
         [("b-over".to_string(), false), ("be-1".to_string(), false)]
+    );
+}
+
+/// Nobody carries the Eviction out (no kubelet, or a slow one): after
+/// kill-timeout the evicted pod's own cgroup is killed; the next pods in
+/// line (a Guaranteed one among them) never pay for it.
+#[test]
+fn pressure_an_eviction_nobody_carries_out_ends_in_that_pods_kill() {
+    let api = Arc::new(FakeCluster::default());
+    let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Systemd);
+    reg.upsert(info("be-1", "default", None));
+    let (m, _) = monitor(&f, MonitorConfig::default(), reg);
+    let mut m = m.with_cluster(api.clone());
+    f.node_ws(TOTAL - 250 * MI);
+    let mut evicted = None;
+    for t in (0..=2000).step_by(100) {
+        evicted = evicted.or(m.step(&Wake::Tick, ms(t)).evicted);
+    }
+    assert_eq!(evicted.as_deref(), Some("b-over"));
+    assert!(!killed(&b_over), "the Eviction is the kubelet's to carry out first");
+    let mut kills = Vec::new();
+    for t in (2100..=8000).step_by(100) {
+        kills.extend(m.step(&Wake::Tick, ms(t)).killed);
+        if !kills.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(kills, ["b-over"], "the evicted pod, not the next in line");
+    assert!(killed(&b_over) && !killed(&be));
+    assert_eq!(
+        *api.asked.lock().unwrap(),
+        [("b-over".to_string(), false)],
+        "the Eviction exists already: not asked again"
     );
 }
 

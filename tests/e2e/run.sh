@@ -167,6 +167,38 @@ if [ "$has_crio" = 1 ]; then
     (cd "$ROOT" && cargo build --quiet --example oci-registry)
 fi
 
+# --- the Kubernetes API in the guest (scenario kubeapi, opt-in) ---------------------
+# etcd and kubectl from Debian (tests/kube/fetch.sh), kube-apiserver from
+# ../shared/tools; the serving certificate, service-account key and a static
+# token are made here, so the guest only starts the servers.
+KUBE_APISERVER=""
+if [[ " ${scenarios[*]} " == *" kubeapi "* ]]; then
+    "$ROOT/tests/kube/fetch.sh"
+    KUBE_APISERVER="$(tool kube-apiserver NRI_QOS_KUBE_APISERVER)"
+    [ -n "$KUBE_APISERVER" ] || { log "scenario kubeapi: missing $(missing kube-apiserver NRI_QOS_KUBE_APISERVER)"; exit 2; }
+    command -v openssl >/dev/null || { log "scenario kubeapi: needs openssl on the host (certificates)"; exit 2; }
+    # etcd (~40 MiB) and kube-apiserver (~270 MiB) beside the eviction pods
+    VM_MEM="${E2E_VM_MEM:-3072}"
+    make_kube_certs() {
+        local k="$WORK/kube" ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+        [ -s "$k/kubeconfig" ] && return
+        rm -rf "$k" && mkdir -p "$k"
+        openssl req -x509 "${ec[@]}" -keyout "$k/ca.key" -out "$k/ca.crt" -subj /CN=e2e-ca -days 3650 2>/dev/null
+        openssl req "${ec[@]}" -keyout "$k/tls.key" -out "$k/tls.csr" -subj /CN=localhost 2>/dev/null
+        printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$k/ext"
+        openssl x509 -req -in "$k/tls.csr" -CA "$k/ca.crt" -CAkey "$k/ca.key" -CAcreateserial \
+            -out "$k/tls.crt" -days 3650 -extfile "$k/ext" 2>/dev/null
+        openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$k/sa.key" 2>/dev/null
+        openssl pkey -in "$k/sa.key" -pubout -out "$k/sa.pub" 2>/dev/null
+        printf 'e2e-admin-token,admin,admin-uid,"system:masters"\n' >"$k/tokens.csv"
+        printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: https://127.0.0.1:6443\n    certificate-authority-data: %s\nusers:\n- name: admin\n  user:\n    token: e2e-admin-token\ncontexts:\n- name: e2e\n  context: {cluster: e2e, user: admin}\ncurrent-context: e2e\n' \
+            "$(base64 -w0 "$k/ca.crt")" >"$k/kubeconfig"
+        rm -f "$k/tls.csr" "$k/ext" "$k/ca.key" "$k/ca.srl"
+    }
+    make_kube_certs
+    log "kubeapi: kube-apiserver $KUBE_APISERVER, etcd and kubectl from $CACHE, guest memory ${VM_MEM} MiB"
+fi
+
 # --- image: an OCI layout tar with one busybox layer ----------------------------
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 build_image() {
@@ -360,6 +392,11 @@ build_initramfs() {
         cp -L "$CACHE/root-libc6/usr/lib/x86_64-linux-gnu/$so" "$r/lib/x86_64-linux-gnu/"
     done
     cp -L "$CACHE/root-libseccomp2/usr/lib/x86_64-linux-gnu/libseccomp.so.2" "$r/lib/x86_64-linux-gnu/"
+    if [ -n "$KUBE_APISERVER" ]; then
+        cp "$KUBE_APISERVER" "$r/usr/bin/kube-apiserver"
+        cp "$CACHE/root-etcd-server/usr/bin/etcd" "$CACHE/root-kubectl/usr/bin/kubectl" "$r/usr/bin/"
+        cp -r "$WORK/kube" "$r/e2e/kube"
+    fi
     cp "$CRI_CLIENT" "$r/e2e/bin/cri-client"
     [ -z "$NRI_QOS" ] || cp "$NRI_QOS" "$r/e2e/bin/nri-qos"
     for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done

@@ -79,6 +79,61 @@ if [ "$E2E_PLUGIN" != none ]; then
     mkdir -p /etc/nri-qos
     printf '[plugin]\nlog-file = "/var/log/nri-qos.log"\nlog-level = "nri_qos=debug"\nwith-monitor = true\n' >/etc/nri-qos/nri-qos.toml
 fi
+# kubeapi: etcd and kube-apiserver on the guest's loopback, started before the
+# runtime (which launches the pre-launched plugin), and the plugin configured
+# with their kubeconfig: its pod facts and evictions come from the API.
+kube_wanted=0
+case " $E2E_SCENARIOS " in *" kubeapi "*) kube_wanted=1 ;; esac
+export KUBECONFIG=/e2e/kube/kubeconfig
+start_kube() {
+    t0=$(uptime_s)
+    mkdir -p /var/lib/etcd /var/lib/kube-apiserver
+    etcd --name e2e --data-dir /var/lib/etcd \
+        --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+        --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+        --initial-cluster e2e=http://127.0.0.1:2380 >/var/log/etcd.log 2>&1 &
+    kube-apiserver --etcd-servers=http://127.0.0.1:2379 --bind-address=127.0.0.1 \
+        --advertise-address=127.0.0.1 --secure-port=6443 \
+        --tls-cert-file=/e2e/kube/tls.crt --tls-private-key-file=/e2e/kube/tls.key \
+        --token-auth-file=/e2e/kube/tokens.csv --authorization-mode=AlwaysAllow \
+        --service-account-issuer=https://127.0.0.1:6443 --service-account-key-file=/e2e/kube/sa.pub \
+        --service-account-signing-key-file=/e2e/kube/sa.key --service-cluster-ip-range=10.0.0.0/24 \
+        --disable-admission-plugins=ServiceAccount --endpoint-reconciler-type=none \
+        --cert-dir=/var/lib/kube-apiserver >/var/log/kube-apiserver.log 2>&1 &
+    i=0
+    # ready, and its bootstrap made the default namespace
+    while ! kubectl get --raw /readyz >/dev/null 2>&1 || ! kubectl get namespace default >/dev/null 2>&1; do
+        [ $i -lt 300 ] || break
+        sleep 1
+        i=$((i + 1))
+    done
+    t1=$(uptime_s)
+    rss="etcd $(awk '/VmRSS/ {print $2}' /proc/"$(pid_of 'etcd --name')"/status 2>/dev/null) kB, kube-apiserver $(awk '/VmRSS/ {print $2}' /proc/"$(pid_of 'kube-apiserver --etcd')"/status 2>/dev/null) kB"
+    if kubectl get namespace default >/dev/null 2>&1; then
+        check kube.apiserver_ready PASS "ready $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s after start (t=${t1}s); RSS $rss"
+    else
+        check kube.apiserver_ready FAIL "not ready after 300 s: $(tail -n 5 /var/log/kube-apiserver.log | tr '\n' ' ')"
+        tail -n 30 /var/log/etcd.log /var/log/kube-apiserver.log
+        finish 1
+    fi
+}
+
+# The kubelet's part after an Eviction, played for the monitor: a pod the API
+# marks for deletion (deletionTimestamp) has its cgroup killed, as the
+# kubelet terminates it (without its grace period: the scenario expects 137).
+kube_kubelet_standin() {
+    kubectl get pods -A --watch -o jsonpath='{.metadata.uid} {.metadata.name} {.metadata.deletionTimestamp}{"\n"}' 2>/dev/null |
+        while read -r uid name deleted; do
+            [ -n "$deleted" ] || continue
+            for d in /sys/fs/cgroup/kubepods/pod"$uid" /sys/fs/cgroup/kubepods/*/pod"$uid"; do
+                # the pod cgroup's processes are in its containers' cgroups
+                grep -q '^populated 1' "$d/cgroup.events" 2>/dev/null || continue
+                echo 1 >"$d/cgroup.kill"
+                info "kubelet stand-in: pod $name marked for deletion at $deleted; killed its cgroup"
+            done
+        done
+}
+
 case "$E2E_PLUGIN" in
 prelaunched)
     mkdir -p /opt/nri/plugins
@@ -193,6 +248,16 @@ if [ "${E2E_DISK:-0}" = 1 ]; then
     else
         check vm.disk FAIL "insmod loop.ko failed"
     fi
+fi
+
+if [ "$kube_wanted" = 1 ]; then
+    start_kube
+    printf '[kubernetes]\nkubeconfig = "%s"\nnode-name = "e2e-node"\n' "$KUBECONFIG" >>/etc/nri-qos/nri-qos.toml
+    kube_kubelet_standin &
+    # every 15 s: the guest is alive, and what eats its CPU and memory
+    (while sleep 15; do
+        info "kube heartbeat: load $(cut -d' ' -f1-3 /proc/loadavg), MemAvailable $(awk '/MemAvailable/ {print $2}' /proc/meminfo) kB; $(top -b -n 1 2>/dev/null | sed -n '5,9p' | awk '{print $7, $8, $NF}' | tr '\n' ';')"
+    done) &
 fi
 
 # crictl (and the CRI client) find the runtime through these.
@@ -435,8 +500,111 @@ throttle_relax_route() {
     fi
 }
 
+# kubeapi, before its pods: each pod of the scenario created in the API bound
+# to this node, and its API UID put into the scenario (for the sandbox).
+kube_pods() {
+    pods="ev-guaranteed ev-within ev-over ev-be1 ev-be2"
+    for p in $pods; do
+        echo ---
+        grep -v '^  uid:' "/e2e/scenarios/pods/$p.yaml" | awk '{ print } /^spec:$/ { print "  nodeName: e2e-node" }'
+    done >/tmp/kube-pods.yaml
+    if ! out="$(kubectl create -f /tmp/kube-pods.yaml 2>&1)"; then
+        check kubeapi.pods_created FAIL "$(echo "$out" | tr '\n' ' ')"
+        rc=1
+        return
+    fi
+    kubectl get pods -n default -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.uid}{"\n"}{end}' >/tmp/kube-uids
+    cp /e2e/scenarios/kubeapi.json /tmp/kubeapi.json
+    while read -r name uid; do
+        sed -i "s/@$name@/$uid/" /tmp/kubeapi.json
+    done </tmp/kube-uids
+    if grep -q '"@' /tmp/kubeapi.json; then
+        check kubeapi.pods_created FAIL "no API UID for: $(grep -o '"@[^"]*' /tmp/kubeapi.json | tr '\n' ' ')"
+        rc=1
+    else
+        check kubeapi.pods_created PASS "$(tr '\n' ' ' </tmp/kube-uids)"
+    fi
+    cp /tmp/kubeapi.json /e2e/scenarios/kubeapi.json
+    # the plugin's watch delivers them before the first sandbox
+    sleep 2
+}
+
+# kubeapi, after its steps (pods kept): the source of the requests and the
+# evictions as the API server holds them. $1: first line of our log.
+kube_checks() {
+    log="$(tail -n +"$1" /var/log/nri-qos.log 2>/dev/null | sed -e 's/\x1b\[[0-9;]*m//g')"
+    if echo "$log" | grep -q 'listed this node.s pods from the API server'; then
+        check kubeapi.watch PASS "$(echo "$log" | grep 'listed this node.s pods' | tail -n 1 | grep -oE 'pods=[0-9]+')"
+    elif grep -q 'listed this node.s pods from the API server' /var/log/nri-qos.log; then
+        check kubeapi.watch PASS "listed before the scenario"
+    else
+        check kubeapi.watch FAIL "no list from the API server in the plugin's log"
+        rc=1
+    fi
+    # the policy's source for each Burstable container with a request
+    for pc in ev-within/app ev-over/app; do
+        line="$(echo "$log" | grep 'policy decision' | grep "pod=default/${pc%/*} " | grep "container=${pc#*/} " | tail -n 1)"
+        src="$(echo "$line" | grep -oE 'request_source=[A-Za-z]+')"
+        if [ "$src" = request_source=ApiServer ]; then
+            check "kubeapi.$pc.request_source" PASS "$(echo "$line" | grep -oE '(memory_request|request_source)=[^ ]+' | tr '\n' ' ')"
+        else
+            check "kubeapi.$pc.request_source" FAIL "${src:-no policy decision}"
+            rc=1
+        fi
+    done
+    # the monitor's decision on ev-over names the API server as the request's source
+    line="$(echo "$log" | grep -E 'killing pod|evicted pod through the API server' | grep -E 'name="?ev-over' | head -n 1)"
+    if echo "$line" | grep -q 'request_source=api-server'; then
+        check kubeapi.monitor_request_source PASS "$(echo "$line" | grep -oE '(request|request_source|priority|signal)=[^ ]+' | tr '\n' ' ')"
+    else
+        check kubeapi.monitor_request_source FAIL "${line:-no kill or eviction of ev-over in the log}"
+        rc=1
+    fi
+    kubectl get pods -n default -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp} {.status.conditions[?(@.type=="DisruptionTarget")].reason}{"\n"}{end}' >/tmp/kube-state
+    kubectl get events -n default --field-selector reason=Evicted -o jsonpath='{range .items[*]}{.involvedObject.name}|{.message}{"\n"}{end}' >/tmp/kube-events
+    for name in ev-guaranteed ev-within ev-over ev-be1 ev-be2; do
+        st="$(grep "^$name " /tmp/kube-state)"
+        if [ -n "$st" ]; then
+            # shellcheck disable=SC2086
+            set -- $st
+            deleted="${2:-}" reason="${3:-}"
+        else
+            # a hard eviction (grace 0) deletes the pod object at once
+            deleted=gone reason=deleted
+        fi
+        case "$name" in
+        ev-be1 | ev-be2 | ev-over)
+            if [ -n "$deleted" ] && [ -n "$reason" ]; then
+                check "kubeapi.$name.evicted" PASS "deletionTimestamp $deleted, DisruptionTarget $reason"
+            else
+                check "kubeapi.$name.evicted" FAIL "deletionTimestamp '${deleted}', DisruptionTarget '${reason}'"
+                rc=1
+            fi
+            ev="$(grep "^$name|" /tmp/kube-events | head -n 1 | cut -d'|' -f2- | cut -c1-240)"
+            if [ -n "$ev" ]; then
+                check "kubeapi.$name.event" PASS "Evicted: $ev"
+            else
+                check "kubeapi.$name.event" FAIL "no Event with reason Evicted"
+                rc=1
+            fi
+            ;;
+        *)
+            if [ -z "$deleted" ] && ! grep -q "^$name|" /tmp/kube-events; then
+                check "kubeapi.$name.not_evicted" PASS ""
+            else
+                check "kubeapi.$name.not_evicted" FAIL "deletionTimestamp '${deleted}' $(grep "^$name|" /tmp/kube-events | head -n 1)"
+                rc=1
+            fi
+            ;;
+        esac
+    done
+    # What an operator's tools say about the source (not checked: see README)
+    /e2e/bin/nri-qos audit --socket /var/run/nri/nri.sock --timeout-seconds 20 2>&1 | grep -E 'ev-within|ev-over|^(pod|kubepods)' | head -n 24 | sed 's/^/E2E-INFO kubeapi audit: /'
+}
+
 for s in $E2E_SCENARIOS; do
     info "scenario $s: start"
+    [ "$s" = kubeapi ] && kube_pods
     log_from=$(( $(wc -l </var/log/nri-qos.log 2>/dev/null || echo 0) + 1 ))
     set -- run "/e2e/scenarios/$s.json"
     if [ "$E2E_PLUGIN" = none ]; then
@@ -457,6 +625,7 @@ for s in $E2E_SCENARIOS; do
         /e2e/bin/cri-client "$@" --keep || rc=1
         [ "$s" = kubeletqos ] && kubelet_qos_window
         [ "$s" = throttle ] && { throttle_relax_route "$log_from"; throttle_psi_only "$log_from"; }
+        [ "$s" = kubeapi ] && kube_checks "$log_from"
         audit "$s"
         /e2e/bin/cri-client cleanup || rc=1
         monitor_actions "$log_from"
