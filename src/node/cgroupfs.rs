@@ -268,10 +268,12 @@ pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
 /// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
 pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
     let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
-    match (read("memory.high"), read("memory.max")) {
-        (Some(high), Some(max)) => is_relaxed(wanted, &high, &max),
-        _ => false,
-    }
+    // memory.max only when memory.high was there: a Synchronize asks this
+    // for every running container.
+    let Some(high) = read("memory.high") else {
+        return false;
+    };
+    read("memory.max").is_some_and(|max| is_relaxed(wanted, &high, &max))
 }
 
 #[cfg(test)]

@@ -23,47 +23,7 @@ impl QosPlugin {
         let policy = self.live().policy;
         pod_facts.kubelet_memory_qos = self.kubelet_owns_pod(&pod.id, &pod_facts, &policy);
         let decision = decide_or_leave_alone(&pod_facts, &facts, &self.settings.node, &policy);
-        debug!(
-            pod = %format_args!("{}/{}", pod_facts.namespace, pod_facts.name),
-            container = %facts.name,
-            class = ?decision.class,
-            reason = %decision.reason,
-            memory_request = ?decision.memory_request,
-            request_source = ?decision.request_source,
-            cpu_request_milli = decision.cpu_request_milli,
-            adjustment = ?decision.adjustment,
-            took_us = crate::node::time::micros(started.elapsed()),
-            "policy decision"
-        );
-        for note in &decision.notes {
-            info!(container = %facts.name, pod = %pod_facts.name, "{note}");
-        }
-        let unified = &decision.adjustment.unified;
-        let bytes = |key: &str| {
-            unified
-                .get(key)
-                .or_else(|| facts.resources.unified.get(key))
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let record = ContainerRecord {
-            id: container.id.clone(),
-            pod_id: if container.pod_sandbox_id.is_empty() {
-                pod.id.clone()
-            } else {
-                container.pod_sandbox_id.clone()
-            },
-            name: container.name.clone(),
-            class: decision.class,
-            memory_request: decision.memory_request,
-            request_source: decision.request_source,
-            memory_min: bytes("memory.min"),
-            memory_low: bytes("memory.low"),
-            kubelet_memory_qos: pod_facts.kubelet_memory_qos
-                || qos::policy::kubelet_memory_qos_keys(&facts.resources),
-            oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
-            cgroups_path: facts.cgroups_path.clone(),
-        };
+        let record = container_record(pod, &pod_facts, container, &facts, &decision, started);
         let mut reg = lock(&self.registry);
         reg.pods
             .insert(pod.id.clone(), pod_record(&pod.id, &pod_facts));
@@ -115,22 +75,13 @@ impl QosPlugin {
     }
 
     /// After a restart nothing says what we wrote before: a pod cgroup with
-    /// more protection than our own policy gives its containers was
-    /// protected by the kubelet (the keeper and `audit` apply the same rule),
-    /// and its containers must not get ours in this Synchronize either.
-    fn recover_pod_owners(
-        &self,
-        buf: &crate::nri::reassembly::Snapshot,
-        pods: &HashMap<&str, &api::PodSandbox>,
-    ) {
-        let policy = self.live().policy;
-        if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !self.settings.node.cgroup_v2
-        {
-            return;
-        }
-        let sums = own_pod_protection(&buf.containers, pods, &self.settings.node, &policy);
+    /// more protection than our own policy gives its containers (`sums`,
+    /// see [`own_pod_protection`]) was protected by the kubelet (the keeper
+    /// and `audit` apply the same rule), and its containers must not get
+    /// ours in this Synchronize either.
+    fn recover_pod_owners(&self, pods: &[api::PodSandbox], sums: &HashMap<String, Protection>) {
         let mut reg = lock(&self.registry);
-        for p in &buf.pods {
+        for p in pods {
             let Some(cg) = pod_cgroups(&p.linux.cgroup_parent) else {
                 continue;
             };
@@ -174,31 +125,68 @@ impl QosPlugin {
         limits_from_kernel(&self.settings.cgroup_root, c)
     }
 
+    /// Rebuilds the registry from a whole Synchronize and returns the
+    /// updates for containers that already run. Each pod is converted once;
+    /// the new records replace the old ones in one step at the end (the
+    /// owners are kept).
     pub(super) fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
         let buf = whole.snapshot;
-        let mut skipped = 0usize;
-        {
-            let mut reg = lock(&self.registry);
-            let owners = std::mem::take(&mut reg.owners);
-            *reg = Registry {
-                owners,
-                kubelet_memory_qos: reg.kubelet_memory_qos,
-                ..Registry::default()
-            };
-        }
-        let pods: HashMap<&str, &api::PodSandbox> =
-            buf.pods.iter().map(|p| (p.id.as_str(), p)).collect();
-        self.recover_pod_owners(&buf, &pods);
-        // Every pod is known before its containers are decided: in a
-        // Synchronize nothing is seen for the first time (the tree rule for
-        // restarts above decided who owns them).
+        let live = self.live();
+        let policy = &*live.policy;
+        let node = &self.settings.node;
+        // Of two pods with one id, the later one describes it (as a map keeps it).
+        let mut pods: HashMap<&str, (&api::PodSandbox, qos::PodFacts)> =
+            HashMap::with_capacity(buf.pods.len());
         for p in &buf.pods {
-            lock(&self.registry)
-                .pods
-                .entry(p.id.clone())
-                .or_insert_with(|| pod_record(&p.id, &convert::pod_from_wire(p)));
+            pods.insert(p.id.as_str(), (p, convert::pod_from_wire(p)));
         }
+        // Where the kubelet's Memory QoS may protect pods unseen, the sums
+        // of our own decisions per pod tell who protected each pod cgroup
+        // (see `recover_pod_owners`). Those decisions are not kept for the
+        // pass below: holding every container's facts and decision at once
+        // raised the peak and the RSS left after the sync by megabytes.
+        let owners_from_tree =
+            policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto && node.cgroup_v2;
+        if owners_from_tree {
+            let mut sums = HashMap::new();
+            for c in &buf.containers {
+                let Some((_, pod)) = pods.get(c.pod_sandbox_id.as_str()) else {
+                    continue;
+                };
+                let facts = convert::container_from_wire(c);
+                let d = decide_or_leave_alone(pod, &facts, node, policy);
+                add_own_protection(&mut sums, &c.pod_sandbox_id, &facts, &d);
+            }
+            self.recover_pod_owners(&buf.pods, &whole_pages(sums));
+            // In a Synchronize nothing is seen for the first time: a pod is
+            // the kubelet's only where the rule above (or before) said so.
+            let reg = lock(&self.registry);
+            for (_, facts) in pods.values_mut() {
+                facts.kubelet_memory_qos = pod_cgroups(&facts.cgroup_parent)
+                    .is_some_and(|cg| reg.owners.get(&cg.pod) == Some(&Owner::Kubelet));
+            }
+        }
+        // Every pod is known before its containers are decided; a pod id
+        // sent twice keeps its first description until one of its
+        // containers is recorded with the later one.
+        let mut new_pods: HashMap<String, PodRecord> = HashMap::with_capacity(buf.pods.len());
+        let mut described_twice = Vec::new();
+        for p in &buf.pods {
+            if !new_pods.contains_key(&p.id) {
+                let (last, facts) = &pods[p.id.as_str()];
+                let record = if std::ptr::eq(*last, p) {
+                    pod_record(&p.id, facts)
+                } else {
+                    described_twice.push(p.id.as_str());
+                    pod_record(&p.id, &convert::pod_from_wire(p))
+                };
+                new_pods.insert(p.id.clone(), record);
+            }
+        }
+        let mut new_containers: HashMap<String, ContainerRecord> =
+            HashMap::with_capacity(buf.containers.len());
         let mut updates = Vec::new();
+        let mut skipped = 0usize;
         for (i, c) in buf.containers.iter().enumerate() {
             // Answer in time with what we have rather than be dropped for
             // being late; the rest is learnt from later events.
@@ -206,26 +194,46 @@ impl QosPlugin {
                 skipped = buf.containers.len() - i;
                 break;
             }
-            let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
+            let Some((pod, pod_facts)) = pods.get(c.pod_sandbox_id.as_str()) else {
                 debug!(container = %c.id, "synchronized container without a known pod; skipped");
                 continue;
             };
+            let started = Instant::now();
             let from_kernel = self.resources_from_kernel(c);
-            let decision = self.decide_and_record(pod, c, from_kernel.as_ref());
+            let api_request = self
+                .api_pods
+                .as_ref()
+                .and_then(|api| api.container_request(&pod_facts.uid, &c.name));
+            let mut facts = convert::container_from_wire(c);
+            if let Some(r) = &from_kernel {
+                facts.resources = convert::resources_from_wire(r);
+            }
+            facts.api_memory_request = api_request;
+            let decision = decide_or_leave_alone(pod_facts, &facts, node, policy);
+            let record = container_record(pod, pod_facts, c, &facts, &decision, started);
+            new_containers.insert(c.id.clone(), record);
+            if described_twice.contains(&pod.id.as_str()) {
+                new_pods.insert(pod.id.clone(), pod_record(&pod.id, pod_facts));
+            }
             let running = matches!(
                 c.state.enum_value(),
                 Ok(api::ContainerState::CONTAINER_RUNNING | api::ContainerState::CONTAINER_CREATED)
             );
-            if !self.settings.adjust_existing || self.dry_run() || !running {
+            if !self.settings.adjust_existing || live.dry_run || !running {
                 continue;
             }
-            let mut adjustment = decision.adjustment.clone();
+            let mut adjustment = decision.adjustment;
             self.keep_relaxed_high(c, &mut adjustment);
             // oom_score_adj cannot travel in an update; the runtime applies
             // the rest through UpdateContainerResources.
             if let Some(u) = convert::update_to_wire(&c.id, &adjustment, true) {
                 updates.push(u);
             }
+        }
+        {
+            let mut reg = lock(&self.registry);
+            reg.pods = new_pods;
+            reg.containers = new_containers;
         }
         self.notify_changed();
         let mut counters = lock(&self.counters);
@@ -267,29 +275,96 @@ pub fn own_pod_protection(
     node: &NodeFacts,
     policy: &PolicyConfig,
 ) -> HashMap<String, Protection> {
-    let mut sums: HashMap<String, Protection> = HashMap::new();
+    let mut sums = HashMap::new();
     for c in containers {
         let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
             continue;
         };
         let facts = convert::container_from_wire(c);
         let d = decide_or_leave_alone(&convert::pod_from_wire(pod), &facts, node, policy);
-        let eff = qos::policy::effective(&facts.resources, &d.adjustment);
-        let bytes = |k: &str| {
-            eff.unified
-                .get(k)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let e = sums.entry(c.pod_sandbox_id.clone()).or_default();
-        e.min = e.min.saturating_add(bytes("memory.min"));
-        e.low = e.low.saturating_add(bytes("memory.low"));
+        add_own_protection(&mut sums, &c.pod_sandbox_id, &facts, &d);
     }
+    whole_pages(sums)
+}
+
+/// Adds what `decision` gives the container to its pod's sum.
+fn add_own_protection(
+    sums: &mut HashMap<String, Protection>,
+    pod_id: &str,
+    facts: &qos::ContainerFacts,
+    decision: &qos::Decision,
+) {
+    let eff = qos::policy::effective(&facts.resources, &decision.adjustment);
+    let bytes = |k: &str| {
+        eff.unified
+            .get(k)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let e = sums.entry(pod_id.to_string()).or_default();
+    e.min = e.min.saturating_add(bytes("memory.min"));
+    e.low = e.low.saturating_add(bytes("memory.low"));
+}
+
+fn whole_pages(mut sums: HashMap<String, Protection>) -> HashMap<String, Protection> {
     for p in sums.values_mut() {
         p.min -= p.min % PAGE_SIZE;
         p.low -= p.low % PAGE_SIZE;
     }
     sums
+}
+
+/// Logs the policy's decision for a container and returns what the
+/// registry keeps of it.
+fn container_record(
+    pod: &api::PodSandbox,
+    pod_facts: &qos::PodFacts,
+    container: &api::Container,
+    facts: &qos::ContainerFacts,
+    decision: &qos::Decision,
+    started: Instant,
+) -> ContainerRecord {
+    debug!(
+        pod = %format_args!("{}/{}", pod_facts.namespace, pod_facts.name),
+        container = %facts.name,
+        class = ?decision.class,
+        reason = %decision.reason,
+        memory_request = ?decision.memory_request,
+        request_source = ?decision.request_source,
+        cpu_request_milli = decision.cpu_request_milli,
+        adjustment = ?decision.adjustment,
+        took_us = crate::node::time::micros(started.elapsed()),
+        "policy decision"
+    );
+    for note in &decision.notes {
+        info!(container = %facts.name, pod = %pod_facts.name, "{note}");
+    }
+    let unified = &decision.adjustment.unified;
+    let bytes = |key: &str| {
+        unified
+            .get(key)
+            .or_else(|| facts.resources.unified.get(key))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    ContainerRecord {
+        id: container.id.clone(),
+        pod_id: if container.pod_sandbox_id.is_empty() {
+            pod.id.clone()
+        } else {
+            container.pod_sandbox_id.clone()
+        },
+        name: container.name.clone(),
+        class: decision.class,
+        memory_request: decision.memory_request,
+        request_source: decision.request_source,
+        memory_min: bytes("memory.min"),
+        memory_low: bytes("memory.low"),
+        kubelet_memory_qos: pod_facts.kubelet_memory_qos
+            || qos::policy::kubelet_memory_qos_keys(&facts.resources),
+        oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
+        cgroups_path: facts.cgroups_path.clone(),
+    }
 }
 
 /// The container's limits as the kernel holds them, where they differ
