@@ -130,6 +130,10 @@ impl QosPlugin {
     /// the new records replace the old ones in one step at the end (the
     /// owners are kept).
     pub(super) fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
+        // Only CRI-O describes a resized container with its creation-time
+        // resources after a restart; elsewhere the report is current and
+        // two file reads per container would only slow the sync.
+        let forgets_resizes = self.runtime_info().is_some_and(|r| r.name == "cri-o");
         let buf = whole.snapshot;
         let live = self.live();
         let policy = &*live.policy;
@@ -199,7 +203,9 @@ impl QosPlugin {
                 continue;
             };
             let started = Instant::now();
-            let from_kernel = self.resources_from_kernel(c);
+            let from_kernel = forgets_resizes
+                .then(|| self.resources_from_kernel(c))
+                .flatten();
             let api_request = self
                 .api_pods
                 .as_ref()

@@ -173,6 +173,18 @@ fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot
     assert_eq!(facts.cpu_quota, Some(100_000));
     assert_eq!(facts.cpu_period, Some(100_000));
 
+    // containerd's report is current: the kernel is not consulted.
+    let containerd = p.finish_sync(Complete {
+        snapshot: super::super::reassembly::Snapshot {
+            pods: vec![pod.clone()],
+            containers: vec![c.clone()],
+        },
+        ..Default::default()
+    });
+    *lock(&p.runtime) = Some(RuntimeInfo {
+        name: "cri-o".into(),
+        ..Default::default()
+    });
     let updates = p.finish_sync(Complete {
         snapshot: super::super::reassembly::Snapshot {
             pods: vec![pod],
@@ -192,6 +204,10 @@ fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot
         fresh.adjustment.unified["memory.high"]
     );
     assert_eq!(high(&updates[0]), fresh.adjustment.unified["memory.high"]);
+    assert_eq!(
+        high(&containerd[0]),
+        stale.adjustment.unified["memory.high"]
+    );
 
     // Same values (the kernel keeps whole pages), no file, or no limit:
     // the runtime's report stands.
