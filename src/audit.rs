@@ -46,6 +46,7 @@ pub enum AuditError {
 
 struct SnapshotPlugin {
     partial: Mutex<SyncReassembler>,
+    runtime: Mutex<String>,
     done: Mutex<Option<oneshot::Sender<Snapshot>>>,
 }
 
@@ -54,8 +55,9 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
     async fn configure(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::ConfigureRequest,
+        req: api::ConfigureRequest,
     ) -> ttrpc::Result<api::ConfigureResponse> {
+        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = req.runtime_name;
         // 0 would mean "every event"; subscribe to one harmless event instead.
         Ok(api::ConfigureResponse {
             events: 1 << (api::Event::REMOVE_POD_SANDBOX as i32 - 1),
@@ -106,6 +108,7 @@ pub async fn collect(socket: &Path, limit: Duration) -> Result<Snapshot, AuditEr
     let (tx, rx) = oneshot::channel();
     let plugin = Arc::new(SnapshotPlugin {
         partial: Mutex::new(SyncReassembler::default()),
+        runtime: Mutex::new(String::new()),
         done: Mutex::new(Some(tx)),
     });
     let identity = Identity {
@@ -114,11 +117,11 @@ pub async fn collect(socket: &Path, limit: Duration) -> Result<Snapshot, AuditEr
     };
     let mut session = Box::pin(session::serve(
         trunk,
-        api_ttrpc::create_plugin(plugin),
+        api_ttrpc::create_plugin(plugin.clone()),
         &identity,
         async { true },
     ));
-    let snap = tokio::select! {
+    let mut snap = tokio::select! {
         snap = rx => snap.map_err(|_| AuditError::Timeout(limit))?,
         end = &mut session => return Err(AuditError::Session(end)),
         _ = tokio::time::sleep(limit) => return Err(AuditError::Timeout(limit)),
@@ -129,6 +132,11 @@ pub async fn collect(socket: &Path, limit: Duration) -> Result<Snapshot, AuditEr
         _ = &mut session => {}
         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
     }
+    snap.runtime = plugin
+        .runtime
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     Ok(snap)
 }
 
@@ -205,6 +213,7 @@ pub fn audit(
     proc_root: &Path,
 ) -> AuditReport {
     let mut report = AuditReport::default();
+    let forgets_resizes = crate::nri::plugin::forgets_resizes(&snap.runtime);
     let pods: HashMap<&str, &api::PodSandbox> =
         snap.pods.iter().map(|p| (p.id.as_str(), p)).collect();
     // Which pods the kubelet's Memory QoS protects, by the plugin's rules:
@@ -243,8 +252,12 @@ pub fn audit(
         let kubelet_pod = kubelet_pods.get(pod.id.as_str()).copied().unwrap_or(false);
         pod_facts.kubelet_memory_qos = kubelet_pod;
         let mut facts = convert::container_from_wire(c);
-        // What the plugin decided from after a resize the runtime forgot.
-        if let Some(r) = crate::nri::plugin::limits_from_kernel(cgroup_root, c) {
+        // What the plugin decided from after a resize the runtime forgot;
+        // elsewhere a memory.max or cpu.max unlike the report is drift.
+        if let Some(r) = forgets_resizes
+            .then(|| crate::nri::plugin::limits_from_kernel(cgroup_root, c))
+            .flatten()
+        {
             facts.resources = convert::resources_from_wire(&r);
         }
         let d = qos::decide(&pod_facts, &facts, node, policy);

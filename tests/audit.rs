@@ -213,6 +213,7 @@ fn a_runtime_value_the_policy_does_not_claim_is_not_drift() {
     let snap = audit::Snapshot {
         pods: vec![p],
         containers: vec![c],
+        ..Default::default()
     };
     let hierarchy = HierarchyConfig {
         enabled: false,
@@ -276,6 +277,7 @@ fn kubelet_memory_qos_values_are_owned_by_the_kubelet_and_never_drift() {
         let snap = audit::Snapshot {
             pods: vec![p],
             containers: vec![c],
+            ..Default::default()
         };
         let report = audit_tree(&snap, &HierarchyConfig::default(), &root);
         let table = audit::render_table(&report);
@@ -307,5 +309,43 @@ fn kubelet_memory_qos_values_are_owned_by_the_kubelet_and_never_drift() {
             .unwrap();
         assert_eq!(w.owner.label(), "nri-qos");
         assert!(table.contains("OWNER"), "{table}");
+    }
+}
+
+/// Only CRI-O forgets an in-place resize when it restarts, so only there
+/// does audit expect the kernel's memory.max; on containerd a memory.max
+/// unlike the report is drift.
+#[test]
+fn the_kernels_limits_stand_in_for_the_report_on_cri_o_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cgroup");
+    let p = pod("b", "/kubepods/burstable/podb");
+    let mut c = container("cb", "b", 256, 50_000, 512 << 20, 985);
+    c.linux.mut_or_insert_default().cgroups_path = "/kubepods/burstable/podb/cb".into();
+    write_expected(&root, &p, &c);
+    let cg = root.join("kubepods/burstable/podb/cb");
+    std::fs::write(cg.join("memory.max"), "805306368").unwrap();
+    let hierarchy = HierarchyConfig {
+        enabled: false,
+        ..Default::default()
+    };
+    for (runtime, max_drifts) in [("containerd", true), ("cri-o", false)] {
+        let snap = audit::Snapshot {
+            pods: vec![p.clone()],
+            containers: vec![c.clone()],
+            runtime: runtime.into(),
+        };
+        let report = audit_tree(&snap, &hierarchy, &root);
+        let max = report.containers[0]
+            .checks
+            .iter()
+            .find(|c| c.key == "memory.max")
+            .unwrap();
+        assert_eq!(
+            max.expected.as_deref() != Some(max.actual.as_str()),
+            max_drifts,
+            "{runtime}: {}",
+            audit::render_table(&report)
+        );
     }
 }

@@ -35,7 +35,7 @@ mod record;
 mod tests;
 
 pub use handlers::request_timeout;
-pub use record::{limits_from_kernel, own_pod_protection};
+pub use record::{forgets_resizes, limits_from_kernel, own_pod_protection};
 
 fn class_label(c: QosClass) -> &'static str {
     match c {

@@ -26,6 +26,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct Snapshot {
     pub pods: Vec<api::PodSandbox>,
     pub containers: Vec<api::Container>,
+    /// Configure's `runtime_name`, where the receiver keeps it (audit).
+    pub runtime: String,
 }
 
 /// A whole Synchronize and what had to be left out of it.
@@ -109,7 +111,11 @@ impl SyncReassembler {
             let bytes = sizes(&pods, &containers);
             if bytes <= self.budget_bytes {
                 self.bytes = bytes;
-                self.held = Snapshot { pods, containers };
+                self.held = Snapshot {
+                    pods,
+                    containers,
+                    runtime: String::new(),
+                };
                 return self.finish(more, deadline, span);
             }
         }

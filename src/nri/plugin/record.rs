@@ -133,7 +133,9 @@ impl QosPlugin {
         // Only CRI-O describes a resized container with its creation-time
         // resources after a restart; elsewhere the report is current and
         // two file reads per container would only slow the sync.
-        let forgets_resizes = self.runtime_info().is_some_and(|r| r.name == "cri-o");
+        let forgets_resizes = self
+            .runtime_info()
+            .is_some_and(|r| forgets_resizes(&r.name));
         let buf = whole.snapshot;
         let live = self.live();
         let policy = &*live.policy;
@@ -380,6 +382,13 @@ fn container_record(
 /// last applied (nri-qos never changes either), and a memory.high
 /// derived from the stale limit would throttle the resized container.
 /// Synchronize and `nri-qos audit` both decide from these.
+/// Whether the runtime, restarted after an in-place resize, reports the
+/// container's creation-time resources in Synchronize (only CRI-O does;
+/// containerd keeps its report current).
+pub fn forgets_resizes(runtime_name: &str) -> bool {
+    runtime_name == "cri-o"
+}
+
 pub fn limits_from_kernel(
     cgroup_root: &std::path::Path,
     c: &api::Container,

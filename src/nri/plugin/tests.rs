@@ -88,6 +88,7 @@ fn a_pod_the_kubelet_protected_before_its_sandbox_keeps_the_kubelets_values() {
         snapshot: super::super::reassembly::Snapshot {
             pods: vec![kp, ours],
             containers: vec![hidden_container("c1", "k"), hidden_container("c2", "n")],
+            ..Default::default()
         },
         ..Default::default()
     });
@@ -178,6 +179,7 @@ fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot
         snapshot: super::super::reassembly::Snapshot {
             pods: vec![pod.clone()],
             containers: vec![c.clone()],
+            ..Default::default()
         },
         ..Default::default()
     });
@@ -189,6 +191,7 @@ fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot
         snapshot: super::super::reassembly::Snapshot {
             pods: vec![pod],
             containers: vec![c.clone()],
+            ..Default::default()
         },
         ..Default::default()
     });
