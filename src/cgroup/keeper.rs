@@ -490,6 +490,7 @@ mod tests {
                     request_source: crate::qos::RequestSource::Unknown,
                     memory_min: *min,
                     memory_low: *low,
+                    memory_high: 0,
                     kubelet_memory_qos: false,
                     oom_score_adj: None,
                     cgroups_path: String::new(),

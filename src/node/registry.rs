@@ -106,9 +106,11 @@ pub struct ContainerRecord {
     pub class: QosClass,
     pub memory_request: Option<u64>,
     pub request_source: RequestSource,
-    /// memory.min / memory.low we asked the runtime to set (bytes).
+    /// memory.min / memory.low / memory.high we asked the runtime to set,
+    /// or its request already carried (bytes; 0: neither).
     pub memory_min: u64,
     pub memory_low: u64,
+    pub memory_high: u64,
     /// It came with the kubelet's Memory QoS (its keys, or its pod's cgroup
     /// was the kubelet's): the pod's protection is the kubelet's.
     pub kubelet_memory_qos: bool,
@@ -277,6 +279,7 @@ pub(crate) mod tests {
                         request_source: RequestSource::Annotation,
                         memory_min: 0,
                         memory_low: *r,
+                        memory_high: 0,
                         oom_score_adj: None,
                         cgroups_path: String::new(),
                         kubelet_memory_qos: false,

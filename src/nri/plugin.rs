@@ -29,11 +29,13 @@ use crate::node::registry::{
 };
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
+mod after_start;
 mod handlers;
 mod record;
 #[cfg(test)]
 mod tests;
 
+pub use after_start::hidden_kubelet_key;
 pub use handlers::request_timeout;
 pub use record::{forgets_resizes, limits_from_kernel, own_pod_protection};
 
@@ -75,7 +77,8 @@ pub struct PluginSettings {
     /// Where `/proc` is, for the oom_score_adj fallback on old runtimes.
     pub proc_root: PathBuf,
     /// The cgroup v2 mount point: a pod cgroup the kubelet protected before
-    /// the sandbox tells of its Memory QoS where `unified` is hidden, and
+    /// the sandbox, or a started container's cgroup holding a key it set,
+    /// tells of its Memory QoS where `unified` is hidden, and
     /// Synchronize leaves a memory.high the throttle guard relaxed alone.
     pub cgroup_root: PathBuf,
 }

@@ -177,7 +177,10 @@ impl Plugin for QosPlugin {
         req: api::StateChangeEvent,
     ) -> ttrpc::Result<api::Empty> {
         match req.event.enum_value() {
-            Ok(api::Event::POST_START_CONTAINER) => self.oom_fallback(&req.container),
+            Ok(api::Event::POST_START_CONTAINER) => {
+                self.oom_fallback(&req.container);
+                self.learn_owner_after_start(&req.container);
+            }
             Ok(api::Event::REMOVE_CONTAINER) => self.forget_container(&req.container.id),
             Ok(api::Event::REMOVE_POD_SANDBOX) => self.forget_pod(&req.pod.id),
             Ok(api::Event::RUN_POD_SANDBOX) => {

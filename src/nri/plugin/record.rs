@@ -1,6 +1,7 @@
 //! Deciding a container and recording it in the registry, Synchronize,
 //! and who owns a pod cgroup's protection (the kubelet or us).
 
+use super::after_start;
 use super::*;
 
 impl QosPlugin {
@@ -44,8 +45,7 @@ impl QosPlugin {
         pod: &qos::PodFacts,
         policy: &PolicyConfig,
     ) -> bool {
-        if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !self.settings.node.cgroup_v2
-        {
+        if !self.owners_from_tree(policy) {
             return false;
         }
         let Some(cg) = pod_cgroups(&pod.cgroup_parent) else {
@@ -151,19 +151,30 @@ impl QosPlugin {
         // (see `recover_pod_owners`). Those decisions are not kept for the
         // pass below: holding every container's facts and decision at once
         // raised the peak and the RSS left after the sync by megabytes.
-        let owners_from_tree =
-            policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto && node.cgroup_v2;
-        if owners_from_tree {
+        if self.owners_from_tree(policy) {
             let mut sums = HashMap::new();
+            // Running containers and the keys we would give them: one may
+            // hold a key the kubelet set where we did not (as at its start).
+            let mut started = Vec::new();
             for c in &buf.containers {
-                let Some((_, pod)) = pods.get(c.pod_sandbox_id.as_str()) else {
+                let Some((p, pod)) = pods.get(c.pod_sandbox_id.as_str()) else {
                     continue;
                 };
-                let facts = convert::container_from_wire(c);
+                let mut facts = convert::container_from_wire(c);
+                if let Some(api) = &self.api_pods {
+                    facts.api_memory_request = api.container_request(&pod.uid, &c.name);
+                }
                 let d = decide_or_leave_alone(pod, &facts, node, policy);
                 add_own_protection(&mut sums, &c.pod_sandbox_id, &facts, &d);
+                if c.state.enum_value() == Ok(api::ContainerState::CONTAINER_RUNNING) {
+                    let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+                    started.push((*p, path, after_start::known_keys(&facts, &d)));
+                }
             }
             self.recover_pod_owners(&buf.pods, &whole_pages(sums));
+            for (p, path, known) in started {
+                self.kubelet_keys_in_started(&p.id, &p.linux.cgroup_parent, path, known);
+            }
             // In a Synchronize nothing is seen for the first time: a pod is
             // the kubelet's only where the rule above (or before) said so.
             let reg = lock(&self.registry);
@@ -368,6 +379,7 @@ fn container_record(
         request_source: decision.request_source,
         memory_min: bytes("memory.min"),
         memory_low: bytes("memory.low"),
+        memory_high: bytes("memory.high"),
         kubelet_memory_qos: pod_facts.kubelet_memory_qos
             || qos::policy::kubelet_memory_qos_keys(&facts.resources),
         oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),

@@ -223,3 +223,130 @@ fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot
     std::fs::write(cg.join("memory.max"), "max\n").unwrap();
     assert!(p.resources_from_kernel(&c).is_none());
 }
+
+fn in_cgroup(mut c: api::Container, path: &str) -> api::Container {
+    c.linux.as_mut().unwrap().cgroups_path = path.into();
+    c
+}
+
+fn event(
+    e: api::Event,
+    pod: &api::PodSandbox,
+    c: Option<&api::Container>,
+) -> api::StateChangeEvent {
+    api::StateChangeEvent {
+        event: protobuf::EnumOrUnknown::new(e),
+        pod: protobuf::MessageField::some(pod.clone()),
+        container: protobuf::MessageField::from_option(c.cloned()),
+        ..Default::default()
+    }
+}
+
+/// containerd before 2.2, a kubelet that did not protect the pod cgroup
+/// first: the first container's cgroup after start holds the kubelet's
+/// alpha memory.min, which a Burstable container never gets from us.
+#[tokio::test]
+async fn a_started_container_holding_a_key_we_did_not_set_gives_its_pod_to_the_kubelet() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plugin(dir.path());
+    let ctx = TtrpcContext::default();
+    let (pa, pb) = (
+        kubelet_pod(dir.path(), "a", 0),
+        kubelet_pod(dir.path(), "b", 0),
+    );
+    let c1 = in_cgroup(hidden_container("c1", "a"), "/kubepods/burstable/poda/c1");
+    let cb = in_cgroup(hidden_container("cb", "b"), "/kubepods/burstable/podb/cb");
+    let mut ours = std::collections::BTreeMap::new();
+    for (pod, c) in [(&pa, &c1), (&pb, &cb)] {
+        p.state_change(&ctx, event(api::Event::RUN_POD_SANDBOX, pod, None))
+            .await
+            .unwrap();
+        let d = p.decide_and_record(pod, c, None);
+        let (low, high) = (
+            &d.adjustment.unified["memory.low"],
+            &d.adjustment.unified["memory.high"],
+        );
+        assert!(!d.adjustment.unified.contains_key("memory.min"), "{d:?}");
+        // What runc applied: ours, and (in pod a) the CRI's hidden memory.min.
+        let cg = dir
+            .path()
+            .join(c.linux.cgroups_path.trim_start_matches('/'));
+        std::fs::create_dir_all(&cg).unwrap();
+        let min = if pod.id == "a" { "268435456" } else { "0" };
+        for (f, v) in [
+            ("memory.min", min),
+            ("memory.low", low),
+            ("memory.high", high),
+        ] {
+            std::fs::write(cg.join(f), format!("{v}\n")).unwrap();
+        }
+        ours.insert(pod.id.clone(), d.adjustment.unified.clone());
+    }
+    assert!(
+        lock(&p.registry).owners.is_empty(),
+        "nothing tells before the start"
+    );
+    let changes = p.subscribe_changes();
+    for (pod, c) in [(&pa, &c1), (&pb, &cb)] {
+        p.state_change(&ctx, event(api::Event::POST_START_CONTAINER, pod, Some(c)))
+            .await
+            .unwrap();
+    }
+    assert!(changes.has_changed().unwrap(), "the keeper hears of it");
+    let pod_a = std::path::PathBuf::from("kubepods/burstable/poda");
+    {
+        let reg = lock(&p.registry);
+        assert_eq!(
+            reg.owners.keys().collect::<Vec<_>>(),
+            [&pod_a],
+            "pod b holds only ours"
+        );
+        assert!(reg.containers["c1"].kubelet_memory_qos);
+        assert!(!reg.containers["cb"].kubelet_memory_qos);
+    }
+    // The pod's later containers get no memory.min/low/high from us.
+    let c2 = in_cgroup(hidden_container("c2", "a"), "/kubepods/burstable/poda/c2");
+    let d = p.decide_and_record(&pa, &c2, None);
+    for key in ["memory.min", "memory.low", "memory.high"] {
+        assert!(!d.adjustment.unified.contains_key(key), "{key}: {d:?}");
+    }
+
+    // A restarted plugin comes to the same decision from Synchronize.
+    let p2 = plugin(dir.path());
+    let updates = p2.finish_sync(Complete {
+        snapshot: super::super::reassembly::Snapshot {
+            pods: vec![pa, pb],
+            containers: vec![c1, c2, cb],
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let reg = lock(&p2.registry);
+    assert_eq!(reg.owners.keys().collect::<Vec<_>>(), [&pod_a]);
+    assert!(reg.containers["c1"].kubelet_memory_qos && reg.containers["c2"].kubelet_memory_qos);
+    assert!(!reg.containers["cb"].kubelet_memory_qos);
+    drop(reg);
+    for u in &updates {
+        let unified = u
+            .linux
+            .resources
+            .as_ref()
+            .map(|r| r.unified.clone())
+            .unwrap_or_default();
+        if u.container_id == "cb" {
+            assert_eq!(unified["memory.low"], ours["b"]["memory.low"]);
+        } else {
+            for key in ["memory.min", "memory.low", "memory.high"] {
+                assert!(
+                    !unified.contains_key(key),
+                    "{}: {key} {unified:?}",
+                    u.container_id
+                );
+            }
+        }
+    }
+    assert!(
+        updates.iter().any(|u| u.container_id == "cb"),
+        "{updates:?}"
+    );
+}

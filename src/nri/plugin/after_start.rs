@@ -1,0 +1,158 @@
+//! The kubelet's Memory QoS read from a started container's cgroup, where
+//! the runtime hides the CRI's `unified` map from plugins (NRI before
+//! v0.10: containerd 1.7 and 2.1) and the kubelet did not protect the pod
+//! cgroup before its sandbox.
+
+use std::path::Path;
+
+use super::*;
+
+/// The protection keys the kubelet's Memory QoS sets on a container.
+const KUBELET_KEYS: [&str; 3] = ["memory.min", "memory.low", "memory.high"];
+
+/// The first of memory.min / memory.low / memory.high that the container
+/// cgroup at `dir` holds although nri-qos did not ask for it and the
+/// runtime request did not carry it (`known`, in that order: the bytes
+/// asked or carried, 0 for neither), with its value. Nothing but the
+/// kubelet's Memory QoS sets these on a container, through keys the
+/// runtime hid from us. Only the keys not known are read; 0, `max` and an
+/// unreadable file are the kernel's defaults, not a signal.
+pub fn hidden_kubelet_key(dir: &Path, known: [u64; 3]) -> Option<(&'static str, u64)> {
+    KUBELET_KEYS
+        .into_iter()
+        .zip(known)
+        .filter(|(_, k)| *k == 0)
+        .find_map(|(key, _)| {
+            let value = cgroupfs::read_single(&dir.join(key)).ok().flatten()?;
+            (value > 0).then_some((key, value))
+        })
+}
+
+/// What nri-qos asked for or the runtime carried, per [`KUBELET_KEYS`].
+pub(super) fn known_keys(facts: &qos::ContainerFacts, decision: &qos::Decision) -> [u64; 3] {
+    let eff = qos::policy::effective(&facts.resources, &decision.adjustment);
+    KUBELET_KEYS.map(|k| {
+        eff.unified
+            .get(k)
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    })
+}
+
+impl QosPlugin {
+    /// PostStartContainer: a started container whose cgroup holds a
+    /// protection key we neither set nor saw (memory.min on a Burstable
+    /// container, where we set memory.low) tells that the kubelet's Memory
+    /// QoS manages its pod. A few small reads, once per container until
+    /// its pod is decided.
+    pub(super) fn learn_owner_after_start(&self, container: &api::Container) {
+        if !self.owners_from_tree(&self.live().policy) {
+            return;
+        }
+        let (pod_id, parent, path, known) = {
+            let reg = lock(&self.registry);
+            let Some(c) = reg.containers.get(&container.id) else {
+                return;
+            };
+            // Keys the runtime showed already made the pod the kubelet's.
+            if c.kubelet_memory_qos {
+                return;
+            }
+            let Some(pod) = reg.pods.get(&c.pod_id) else {
+                return;
+            };
+            (
+                c.pod_id.clone(),
+                pod.cgroup_parent.clone(),
+                c.cgroups_path.clone(),
+                [c.memory_min, c.memory_low, c.memory_high],
+            )
+        };
+        if self.kubelet_keys_in_started(&pod_id, &parent, &path, known) {
+            self.notify_changed();
+        }
+    }
+
+    /// Where the plugin may learn owners from the tree: the setting leaves
+    /// it to us (`auto`) and the node has cgroup v2.
+    pub(super) fn owners_from_tree(&self, policy: &PolicyConfig) -> bool {
+        policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto && self.settings.node.cgroup_v2
+    }
+
+    /// Records the pod cgroup under `parent` as the kubelet's when the
+    /// started container at `cgroups_path` holds a key it sets that nri-qos
+    /// did not (`known`, see [`hidden_kubelet_key`]); true when it did now.
+    /// Said once per pod cgroup; its containers are marked as with the
+    /// kubelet's Memory QoS, so the keeper stays off the pod.
+    pub(super) fn kubelet_keys_in_started(
+        &self,
+        pod_id: &str,
+        parent: &str,
+        cgroups_path: &str,
+        known: [u64; 3],
+    ) -> bool {
+        let (Some(cg), Some(rel)) = (pod_cgroups(parent), container_cgroup_dir(cgroups_path))
+        else {
+            return false;
+        };
+        if lock(&self.registry).owners.contains_key(&cg.pod) {
+            return false;
+        }
+        let dir = self.settings.cgroup_root.join(rel);
+        let Some((key, value)) = hidden_kubelet_key(&dir, known) else {
+            return false;
+        };
+        let mut reg = lock(&self.registry);
+        if reg.owners.contains_key(&cg.pod) {
+            return false;
+        }
+        info!(
+            cgroup = %cg.pod.display(),
+            container_cgroup = %dir.display(),
+            key,
+            value,
+            owner = Owner::Kubelet.label(),
+            "a started container holds a memory key nri-qos did not set: the kubelet's Memory QoS owns its pod's protection; later containers' memory.min/low/high left to it"
+        );
+        reg.owners.insert(cg.pod, Owner::Kubelet);
+        for c in reg.containers.values_mut().filter(|c| c.pod_id == pod_id) {
+            c.kubelet_memory_qos = true;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_key_neither_asked_nor_carried_and_set_in_the_kernel_counts() {
+        let d = tempfile::tempdir().unwrap();
+        let write = |f: &str, v: &str| std::fs::write(d.path().join(f), v).unwrap();
+        // Nothing there (a container cgroup gone): no signal.
+        assert_eq!(hidden_kubelet_key(d.path(), [0, 0, 0]), None);
+        write("memory.min", "0\n");
+        write("memory.low", "66387968\n");
+        write("memory.high", "max\n");
+        // Our memory.low, the kernel's defaults elsewhere.
+        assert_eq!(hidden_kubelet_key(d.path(), [0, 66387968, 0]), None);
+        // The kubelet's alpha memory.min on a Burstable container.
+        write("memory.min", "268435456\n");
+        assert_eq!(
+            hidden_kubelet_key(d.path(), [0, 66387968, 509943808]),
+            Some(("memory.min", 268435456))
+        );
+        // A key we asked for holds our value (or the kubelet's over it).
+        assert_eq!(hidden_kubelet_key(d.path(), [268435456, 1, 1]), None);
+        // memory.high where we set none (Guaranteed, or memory-high off).
+        write("memory.high", "510025728\n");
+        assert_eq!(
+            hidden_kubelet_key(d.path(), [268435456, 66387968, 0]),
+            Some(("memory.high", 510025728))
+        );
+        // Junk is no signal either.
+        write("memory.high", "lots\n");
+        assert_eq!(hidden_kubelet_key(d.path(), [268435456, 66387968, 0]), None);
+    }
+}
