@@ -14,8 +14,8 @@
 //! inside the VM.
 //!
 //! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, overrides the per-version mode),
-//! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,memoryqos,kubelet,pagecache,eviction;
-//! containerd 2.1 adds kubeletqos and throttle),
+//! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,kubelet,pagecache,eviction,memoryqos;
+//! containerd 2.1 adds throttle before memoryqos and kubeletqos last),
 //! `NRI_QOS_E2E_TIMING_PODS` (default 1).
 
 // Test code: a failed unwrap is the test failure report.
@@ -28,7 +28,11 @@ use std::sync::Mutex;
 /// One VM at a time: the machine has 2 cores and TCG is CPU-bound.
 static VM: Mutex<()> = Mutex::new(());
 
-const ALL_SCENARIOS: &str = "basic,memoryqos,kubelet,pagecache,eviction";
+/// The scenarios every runtime runs before those that hand the QoS and
+/// kubepods protection to the kubelet's Memory QoS (`memoryqos`,
+/// `kubeletqos`): the kubelet then owns it until the plugin restarts, and
+/// the keeper's sums the others check are no longer written.
+const OWN_SCENARIOS: &str = "basic,kubelet,pagecache,eviction";
 
 fn run_e2e(containerd: &str, default_plugin: &str, default_scenarios: &str) {
     run_e2e_with(containerd, default_plugin, default_scenarios, &[]);
@@ -82,19 +86,23 @@ fn run_e2e_with(containerd: &str, default_plugin: &str, default_scenarios: &str,
 
 #[test]
 fn e2e_containerd_1_7() {
-    run_e2e_with("1.7", "external", ALL_SCENARIOS, &["--crictl"]);
+    run_e2e_with(
+        "1.7",
+        "external",
+        &format!("{OWN_SCENARIOS},memoryqos"),
+        &["--crictl"],
+    );
 }
 
 /// 2.1 also runs the throttle guard's scenario and plays a 1.37 kubelet
 /// with TieredReservation for 60 s (`kubeletqos`, about 100 s of VM time);
-/// that one last, since the kubelet then owns the QoS and kubepods
-/// protection until the plugin restarts.
+/// `memoryqos` and that one last (see [`OWN_SCENARIOS`]).
 #[test]
 fn e2e_containerd_2_1() {
     run_e2e_with(
         "2.1",
         "prelaunched",
-        &format!("{ALL_SCENARIOS},throttle,kubeletqos"),
+        &format!("{OWN_SCENARIOS},throttle,memoryqos,kubeletqos"),
         &["--crictl"],
     );
 }
@@ -102,15 +110,13 @@ fn e2e_containerd_2_1() {
 /// CRI-O (NRI v0.12) with the plugin pre-launched: every scenario, the
 /// resilience sequence and the crictl pods. Skipped, with what is missing,
 /// when ../shared/tools/bin has no crio/pinns (NRI_QOS_CRIO, NRI_QOS_PINNS).
-/// `memoryqos` runs last: CRI-O shows the plugin the kubelet's keys, so from
-/// then on the kubelet owns the QoS and kubepods protection until the
-/// plugin restarts (as `kubeletqos` on 2.1).
+/// `memoryqos` runs last, as everywhere (see [`OWN_SCENARIOS`]).
 #[test]
 fn e2e_crio() {
     run_e2e_with(
         "crio",
         "prelaunched",
-        "basic,kubelet,pagecache,eviction,memoryqos",
+        &format!("{OWN_SCENARIOS},memoryqos"),
         &["--crictl"],
     );
 }

@@ -27,7 +27,9 @@ VM_MEM="${E2E_VM_MEM:-2048}"
 VM_CPUS="${E2E_VM_CPUS:-2}"
 
 versions=(1.7 2.1)
-scenarios=(basic memoryqos kubelet pagecache eviction)
+# memoryqos last: it hands the QoS and kubepods protection to the kubelet's
+# Memory QoS until the plugin restarts (tests/e2e_vm.rs, OWN_SCENARIOS).
+scenarios=(basic kubelet pagecache eviction memoryqos)
 plugin=none
 timing_pods=3
 pressure_bench=0
