@@ -217,17 +217,25 @@ pub fn audit(
     let pods: HashMap<&str, &api::PodSandbox> =
         snap.pods.iter().map(|p| (p.id.as_str(), p)).collect();
     // Which pods the kubelet's Memory QoS protects, by the plugin's rules:
-    // its keys on a container, the operator's setting, or a pod cgroup
-    // holding more protection than our policy would give it.
+    // its keys on a container, the operator's setting, a pod cgroup
+    // holding more protection than our policy would give it, or a running
+    // container's cgroup holding a key we would not set.
     let auto = policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto;
     let ours = crate::nri::plugin::own_pod_protection(&snap.containers, &pods, node, policy);
+    let hidden = crate::nri::plugin::pods_with_hidden_kubelet_keys(
+        &snap.containers,
+        &pods,
+        node,
+        policy,
+        cgroup_root,
+    );
     let mut kubelet_pods: HashMap<&str, bool> = HashMap::new();
     for p in &snap.pods {
         let on_disk = pod_cgroups(&p.linux.cgroup_parent)
             .map(|cg| read_protection(&cgroup_root.join(&cg.pod)))
             .unwrap_or_default();
         let mine = ours.get(p.id.as_str()).copied().unwrap_or_default();
-        let tree = auto && node.cgroup_v2 && exceeds(on_disk, mine);
+        let tree = (auto && node.cgroup_v2 && exceeds(on_disk, mine)) || hidden.contains(&p.id);
         kubelet_pods.insert(p.id.as_str(), tree);
     }
     for c in &snap.containers {

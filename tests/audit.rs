@@ -11,6 +11,7 @@ use std::path::Path;
 use common::*;
 use nri_qos::audit;
 use nri_qos::cgroup::HierarchyConfig;
+use nri_qos::node::cgroupfs::Owner;
 use nri_qos::nri::convert;
 use nri_qos::nri::proto::api;
 use nri_qos::qos::{self, NodeFacts};
@@ -195,12 +196,15 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
     }
 }
 
-/// The CI failure of the `memoryqos` VM scenario: with the MemoryQoS gate the
-/// kubelet sends `unified` memory.min/high through the CRI, runc writes them,
-/// but NRI before v0.10 never shows plugins that map. A value the policy does
-/// not claim is reported, not flagged.
+/// The `memoryqos` VM scenario before its kubelet protected the pod cgroup:
+/// with the MemoryQoS gate the kubelet sends `unified` memory.min/high
+/// through the CRI, runc writes them, but NRI before v0.10 never shows
+/// plugins that map. A memory.min on a Burstable container (where the
+/// policy sets memory.low) is the kubelet's Memory QoS, as the plugin
+/// decides after the container started: the pod's values are the
+/// kubelet's, never drift. Without that trace our values are checked.
 #[test]
-fn a_runtime_value_the_policy_does_not_claim_is_not_drift() {
+fn a_hidden_kubelet_key_in_a_container_makes_its_pod_the_kubelets() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("cgroup");
     let p = pod("b", "/kubepods/burstable/podb");
@@ -221,19 +225,30 @@ fn a_runtime_value_the_policy_does_not_claim_is_not_drift() {
     };
     let report = audit_tree(&snap, &hierarchy, &root);
     assert_eq!(report.drift, 0, "{}", audit::render_table(&report));
-    let min = report.containers[0]
-        .checks
-        .iter()
-        .find(|c| c.key == "memory.min")
-        .unwrap();
+    let check = |r: &audit::AuditReport, key: &str| {
+        r.containers[0]
+            .checks
+            .iter()
+            .find(|c| c.key == key)
+            .unwrap()
+            .clone()
+    };
+    let min = check(&report, "memory.min");
     assert_eq!(min.expected, None);
     assert_eq!(min.actual, "268435456");
-    assert!(audit::render_table(&report).contains("(runtime)"));
-
-    // A value the policy does claim still drifts when changed.
+    assert_eq!(min.owner, Owner::Kubelet);
+    // memory.low is the kubelet's too (the container keeps ours from
+    // before the plugin knew): not claimed, not drift.
     std::fs::write(cg.join("memory.low"), "0").unwrap();
     let report = audit_tree(&snap, &hierarchy, &root);
+    assert_eq!(report.drift, 0, "{}", audit::render_table(&report));
+    assert_eq!(check(&report, "memory.low").owner, Owner::Kubelet);
+
+    // No trace of the kubelet: the value the policy claims drifts when changed.
+    std::fs::write(cg.join("memory.min"), "0").unwrap();
+    let report = audit_tree(&snap, &hierarchy, &root);
     assert_eq!(report.drift, 1, "{}", audit::render_table(&report));
+    assert!(audit::render_table(&report).contains("(runtime)"));
 }
 
 /// Issue 14: a pod the kubelet's Memory QoS (TieredReservation, factor 0.9)

@@ -35,7 +35,7 @@ mod record;
 #[cfg(test)]
 mod tests;
 
-pub use after_start::hidden_kubelet_key;
+pub use after_start::{hidden_kubelet_key, pods_with_hidden_kubelet_keys};
 pub use handlers::request_timeout;
 pub use record::{forgets_resizes, limits_from_kernel, own_pod_protection};
 

@@ -39,6 +39,39 @@ pub(super) fn known_keys(facts: &qos::ContainerFacts, decision: &qos::Decision) 
     })
 }
 
+/// The pods (sandbox ids) with a running container whose cgroup holds a
+/// key nri-qos would not set ([`hidden_kubelet_key`]): the plugin's rule
+/// for `nri-qos audit`, which has the runtime's view and the tree only.
+/// Empty unless `[policy] kubelet-memory-qos` is `auto` on cgroup v2.
+pub fn pods_with_hidden_kubelet_keys(
+    containers: &[api::Container],
+    pods: &HashMap<&str, &api::PodSandbox>,
+    node: &NodeFacts,
+    policy: &PolicyConfig,
+    cgroup_root: &Path,
+) -> std::collections::HashSet<String> {
+    let mut out = std::collections::HashSet::new();
+    if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !node.cgroup_v2 {
+        return out;
+    }
+    for c in containers {
+        let running = c.state.enum_value() == Ok(api::ContainerState::CONTAINER_RUNNING);
+        let Some(pod) = pods.get(c.pod_sandbox_id.as_str()).filter(|_| running) else {
+            continue;
+        };
+        let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+        let Some(rel) = container_cgroup_dir(path).filter(|_| !out.contains(&pod.id)) else {
+            continue;
+        };
+        let facts = convert::container_from_wire(c);
+        let d = decide_or_leave_alone(&convert::pod_from_wire(pod), &facts, node, policy);
+        if hidden_kubelet_key(&cgroup_root.join(rel), known_keys(&facts, &d)).is_some() {
+            out.insert(pod.id.clone());
+        }
+    }
+    out
+}
+
 impl QosPlugin {
     /// PostStartContainer: a started container whose cgroup holds a
     /// protection key we neither set nor saw (memory.min on a Burstable

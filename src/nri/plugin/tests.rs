@@ -311,12 +311,25 @@ async fn a_started_container_holding_a_key_we_did_not_set_gives_its_pod_to_the_k
         assert!(!d.adjustment.unified.contains_key(key), "{key}: {d:?}");
     }
 
+    // `nri-qos audit` applies the same rule to the runtime's view.
+    let (pods, containers) = (vec![pa, pb], vec![c1, c2, cb]);
+    let by_id = pods.iter().map(|p| (p.id.as_str(), p)).collect();
+    let settings = p.settings();
+    let hidden = pods_with_hidden_kubelet_keys(
+        &containers,
+        &by_id,
+        &settings.node,
+        &settings.policy,
+        dir.path(),
+    );
+    assert_eq!(hidden, ["a".to_string()].into());
+
     // A restarted plugin comes to the same decision from Synchronize.
     let p2 = plugin(dir.path());
     let updates = p2.finish_sync(Complete {
         snapshot: super::super::reassembly::Snapshot {
-            pods: vec![pa, pb],
-            containers: vec![c1, c2, cb],
+            pods: pods.clone(),
+            containers: containers.clone(),
             ..Default::default()
         },
         ..Default::default()
