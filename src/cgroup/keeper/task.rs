@@ -1,6 +1,8 @@
 //! The keeper's task: passes off the NRI handler path, on registry changes
 //! and on a timer, with the ownership decisions handed back to the plugin.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,9 +45,7 @@ pub async fn run(
             let mut reg = reg.lock().unwrap_or_else(|p| p.into_inner());
             reg.owners
                 .retain(|cg, _| k.owners.contains_key(cg) || k.root.join(cg).exists());
-            for (cg, owner) in k.owners() {
-                reg.owners.insert(cg.clone(), *owner);
-            }
+            hand_back(&mut reg.owners, k.owners());
             report
         })
         .await;
@@ -64,5 +64,38 @@ pub async fn run(
             changed = changes.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(resync) => {}
         }
+    }
+}
+
+/// Hands the keeper's decisions to the registry. Only ever towards the
+/// kubelet: the plugin may have learnt during this pass that the kubelet
+/// owns a pod (a started container holding its keys), and a decision the
+/// pass made before must not undo that.
+fn hand_back(registry: &mut HashMap<PathBuf, Owner>, keeper: &HashMap<PathBuf, Owner>) {
+    for (cg, owner) in keeper {
+        let e = registry.entry(cg.clone()).or_insert(*owner);
+        if *e != Owner::Kubelet {
+            *e = *owner;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubelet_decision_the_plugin_made_during_a_pass_stands() {
+        let cg = |s: &str| PathBuf::from(s);
+        let mut reg = HashMap::from([(cg("pod-a"), Owner::Kubelet), (cg("pod-b"), Owner::NriQos)]);
+        let keeper = HashMap::from([
+            (cg("pod-a"), Owner::NriQos),
+            (cg("pod-b"), Owner::Kubelet),
+            (cg("pod-c"), Owner::NriQos),
+        ]);
+        hand_back(&mut reg, &keeper);
+        assert_eq!(reg[&cg("pod-a")], Owner::Kubelet);
+        assert_eq!(reg[&cg("pod-b")], Owner::Kubelet);
+        assert_eq!(reg[&cg("pod-c")], Owner::NriQos);
     }
 }

@@ -128,7 +128,9 @@ impl QosPlugin {
         else {
             return false;
         };
-        if lock(&self.registry).owners.contains_key(&cg.pod) {
+        // The keeper hands back its decisions: nri-qos may still give way.
+        let decided = |reg: &Registry| reg.owners.get(&cg.pod) == Some(&Owner::Kubelet);
+        if decided(&lock(&self.registry)) {
             return false;
         }
         let dir = self.settings.cgroup_root.join(rel);
@@ -136,7 +138,7 @@ impl QosPlugin {
             return false;
         };
         let mut reg = lock(&self.registry);
-        if reg.owners.contains_key(&cg.pod) {
+        if decided(&reg) {
             return false;
         }
         info!(

@@ -286,6 +286,11 @@ async fn a_started_container_holding_a_key_we_did_not_set_gives_its_pod_to_the_k
         lock(&p.registry).owners.is_empty(),
         "nothing tells before the start"
     );
+    // The keeper's first pass, before the starts, took both pods as ours.
+    for id in ["a", "b"] {
+        let cg = std::path::PathBuf::from(format!("kubepods/burstable/pod{id}"));
+        lock(&p.registry).owners.insert(cg, Owner::NriQos);
+    }
     let changes = p.subscribe_changes();
     for (pod, c) in [(&pa, &c1), (&pb, &cb)] {
         p.state_change(&ctx, event(api::Event::POST_START_CONTAINER, pod, Some(c)))
@@ -296,9 +301,10 @@ async fn a_started_container_holding_a_key_we_did_not_set_gives_its_pod_to_the_k
     let pod_a = std::path::PathBuf::from("kubepods/burstable/poda");
     {
         let reg = lock(&p.registry);
+        assert_eq!(reg.owners[&pod_a], Owner::Kubelet);
         assert_eq!(
-            reg.owners.keys().collect::<Vec<_>>(),
-            [&pod_a],
+            reg.owners[std::path::Path::new("kubepods/burstable/podb")],
+            Owner::NriQos,
             "pod b holds only ours"
         );
         assert!(reg.containers["c1"].kubelet_memory_qos);
