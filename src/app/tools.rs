@@ -137,6 +137,11 @@ pub struct AuditArgs {
     /// How long to wait for the runtime's Synchronize (1..=3600 seconds).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub timeout_seconds: u64,
+    /// With the API source configured (`[kubernetes]` as the plugin has it),
+    /// how long to wait for the one list of this node's pods (1..=60 seconds);
+    /// past it, audit says so and goes on with the runtime's values.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub api_timeout_seconds: u64,
 }
 
 /// `nri-qos audit`: the policy against the node's real cgroup values;
@@ -157,18 +162,25 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
         &cfg.node.cgroup_root,
         cfg.node.memory_allocatable,
     )?;
-    let snap = super::runtime()?.block_on(crate::audit::collect(
+    let rt = super::runtime()?;
+    let snap = rt.block_on(crate::audit::collect(
         &cfg.plugin.socket,
         Duration::from_secs(args.timeout_seconds),
     ))?;
-    let report = crate::audit::audit(
+    let limit = Duration::from_secs(args.api_timeout_seconds);
+    let (api_pods, api_note) = list_api_pods(&cfg, &rt, &snap, limit);
+    let mut report = crate::audit::audit(
         &snap,
         &node,
         &cfg.policy,
         &cfg.hierarchy,
         &cfg.node.cgroup_root,
         &cfg.node.proc_root,
+        api_pods
+            .as_ref()
+            .map(|s| s as &dyn crate::node::registry::ContainerRequests),
     );
+    report.api_server = Some(api_note);
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -178,4 +190,44 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// The plugin's API source for audit: one list of this node's pods, by the
+/// same `[kubernetes]` settings, credentials and node name as the plugin.
+/// Never fails the audit: off or unreachable, the requests come from the
+/// runtime's values as without it, and the note says why.
+fn list_api_pods(
+    cfg: &Config,
+    rt: &tokio::runtime::Runtime,
+    snap: &crate::audit::Snapshot,
+    limit: Duration,
+) -> (Option<crate::kube::PodStore>, String) {
+    use crate::kube::Plan;
+    let fallback = "requests from the runtime's values alone";
+    let (credentials, node_name) = match crate::kube::plan_here(&cfg.kubernetes) {
+        Ok(Plan::On {
+            credentials,
+            node_name,
+        }) => (credentials, node_name),
+        Ok(Plan::Off(why)) => return (None, format!("off ({why}); {fallback}")),
+        Err(e) => return (None, format!("not used ({e}); {fallback}")),
+    };
+    match rt.block_on(crate::kube::list_node_pods(&credentials, &node_name, limit)) {
+        Ok(pods) => {
+            let listed = pods.len();
+            let store = crate::kube::PodStore::default();
+            store.replace(pods);
+            let matched = snap
+                .pods
+                .iter()
+                .filter(|p| store.get(&p.uid).is_some())
+                .count();
+            let note = format!(
+                "{listed} pods listed for node {node_name}; {matched} of the runtime's {} pods matched by UID take their exact requests from it",
+                snap.pods.len()
+            );
+            (Some(store), note)
+        }
+        Err(e) => (None, format!("unreachable ({e}); {fallback}")),
+    }
 }
