@@ -44,6 +44,16 @@ pub struct ExplainArgs {
     /// The kubelet's memoryThrottlingFactor (memory.high), in (0, 1].
     #[arg(long)]
     pub memory_throttling_factor: Option<f64>,
+    /// Where the plugin takes memory requests from: `api-server` (it runs
+    /// with the Kubernetes API source: the manifest's exact requests),
+    /// `runtime` (what the kubelet sends: unified keys, annotation,
+    /// oom_score_adj inversion), or `auto`: api-server when --config sets
+    /// `[kubernetes] kubeconfig` (and does not disable the source), else
+    /// runtime. A DaemonSet using its service account (no kubeconfig) uses
+    /// the API source where NODE_NAME is set: say `api-server`. Explain never
+    /// contacts an API server.
+    #[arg(long, default_value = "auto")]
+    pub request_source: String,
 }
 
 /// `nri-qos explain`: every kernel value a Pod manifest will get.
@@ -113,7 +123,17 @@ pub fn run_explain(args: ExplainArgs) -> Result<(), AppError> {
         args.memory_throttling_factor,
     )
     .context("--kubelet-version / --kubelet-memory-qos / --memory-throttling-factor")?;
-    let report = explain::explain_with(&yaml, &node, &cfg.policy, &kubelet)
+    let api_server = match args.request_source.as_str() {
+        "api-server" => true,
+        "runtime" => false,
+        "auto" => cfg.kubernetes.enabled && cfg.kubernetes.kubeconfig.is_some(),
+        other => {
+            return Err(AppError::Usage(format!(
+                "--request-source must be auto, api-server or runtime, not {other:?}"
+            )))
+        }
+    };
+    let report = explain::explain_with(&yaml, &node, &cfg.policy, &kubelet, api_server)
         .with_context(|| format!("explaining {}", args.manifest.display()))?;
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&report)?);
