@@ -527,7 +527,19 @@ mod tests {
         m.set_kube_connected(true);
         m.inc_kube_eviction(crate::node::cluster::EvictOutcome::RefusedByPdb);
         m.set_kube_watch_lag(Duration::from_millis(1500));
+        m.inc_kube_relist();
+        m.inc_kube_relist();
+        m.inc_kube_watch_expired();
         let text = m.render();
+        assert!(text.contains("nri_qos_kube_lists_total 2"), "{text}");
+        assert!(
+            text.contains("nri_qos_kube_watch_expired_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE nri_qos_kube_lists_total counter"),
+            "{text}"
+        );
         assert!(text.contains("nri_qos_kube_connected 1"), "{text}");
         assert!(
             text.contains("nri_qos_kube_evictions_total{outcome=\"refused_pdb\"} 1"),
