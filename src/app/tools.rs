@@ -160,6 +160,7 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
     let snap = super::runtime()?.block_on(crate::audit::collect(
         &cfg.plugin.socket,
         Duration::from_secs(args.timeout_seconds),
+        cfg.plugin.sync_budget_bytes(),
     ))?;
     let report = crate::audit::audit(
         &snap,
