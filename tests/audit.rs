@@ -214,7 +214,7 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
     let listener = UnixListener::bind(&sock).unwrap();
     let collect = tokio::spawn({
         let sock = sock.clone();
-        async move { audit::collect(&sock, std::time::Duration::from_secs(10)).await }
+        async move { audit::collect(&sock, std::time::Duration::from_secs(10), 64 << 20).await }
     });
     let mut s = accept(&listener, false).await;
     let (name, index) = s.expect_registered().await;

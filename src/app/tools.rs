@@ -186,6 +186,7 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
     let snap = rt.block_on(crate::audit::collect(
         &cfg.plugin.socket,
         Duration::from_secs(args.timeout_seconds),
+        cfg.plugin.sync_budget_bytes(),
     ))?;
     let limit = Duration::from_secs(args.api_timeout_seconds);
     let (api_pods, api_note) = list_api_pods(&cfg, &rt, &snap, limit);

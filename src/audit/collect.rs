@@ -68,7 +68,12 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
 }
 
 /// Takes one Synchronize from the runtime at `socket`.
-pub async fn collect(socket: &Path, limit: Duration) -> Result<Snapshot, AuditError> {
+/// `sync_budget` bounds the bytes its chunks may hold, as in the plugin.
+pub async fn collect(
+    socket: &Path,
+    limit: Duration,
+    sync_budget: usize,
+) -> Result<Snapshot, AuditError> {
     let trunk = tokio::net::UnixStream::connect(socket)
         .await
         .map_err(|source| AuditError::Connect {
@@ -77,7 +82,7 @@ pub async fn collect(socket: &Path, limit: Duration) -> Result<Snapshot, AuditEr
         })?;
     let (tx, rx) = oneshot::channel();
     let plugin = Arc::new(SnapshotPlugin {
-        partial: Mutex::new(SyncReassembler::default()),
+        partial: Mutex::new(SyncReassembler::with_budget(sync_budget)),
         runtime: Mutex::new(String::new()),
         done: Mutex::new(Some(tx)),
     });
