@@ -46,9 +46,9 @@ pub(super) fn known_keys(facts: &qos::ContainerFacts, decision: &qos::Decision) 
 pub fn pods_with_hidden_kubelet_keys(
     containers: &[api::Container],
     pods: &HashMap<&str, &api::PodSandbox>,
-    node: &NodeFacts,
-    policy: &PolicyConfig,
+    (node, policy): (&NodeFacts, &PolicyConfig),
     cgroup_root: &Path,
+    api_pods: Option<&dyn ContainerRequests>,
 ) -> std::collections::HashSet<String> {
     let mut out = std::collections::HashSet::new();
     if policy.kubelet_memory_qos != qos::KubeletMemoryQos::Auto || !node.cgroup_v2 {
@@ -63,7 +63,8 @@ pub fn pods_with_hidden_kubelet_keys(
         let Some(rel) = container_cgroup_dir(path).filter(|_| !out.contains(&pod.id)) else {
             continue;
         };
-        let facts = convert::container_from_wire(c);
+        let mut facts = convert::container_from_wire(c);
+        facts.api_memory_request = api_pods.and_then(|a| a.container_request(&pod.uid, &c.name));
         let d = decide_or_leave_alone(&convert::pod_from_wire(pod), &facts, node, policy);
         if hidden_kubelet_key(&cgroup_root.join(rel), known_keys(&facts, &d)).is_some() {
             out.insert(pod.id.clone());

@@ -324,9 +324,9 @@ async fn a_started_container_holding_a_key_we_did_not_set_gives_its_pod_to_the_k
     let hidden = pods_with_hidden_kubelet_keys(
         &containers,
         &by_id,
-        &settings.node,
-        &settings.policy,
+        (&settings.node, &settings.policy),
         dir.path(),
+        None,
     );
     assert_eq!(hidden, ["a".to_string()].into());
 
