@@ -38,7 +38,8 @@ impl QosPlugin {
     /// hides its keys (auto mode). Decided once per pod cgroup: when the
     /// plugin first sees the pod, protection already in its cgroup is the
     /// kubelet's (it writes it before creating the sandbox; we only write a
-    /// pod after we know it); later the keeper's decision stands.
+    /// pod after we know it); later the keeper's decision stands, or the
+    /// after-start check's (`after_start.rs`).
     pub(super) fn kubelet_owns_pod(
         &self,
         pod_id: &str,
