@@ -28,12 +28,16 @@ pub fn hidden_kubelet_key(dir: &Path, known: [u64; 3]) -> Option<(&'static str, 
         })
 }
 
-/// What nri-qos asked for or the runtime carried, per [`KUBELET_KEYS`].
+/// What nri-qos asked for or the runtime carried, per [`KUBELET_KEYS`]
+/// (as the registry keeps it; no copy of the resources, a Synchronize
+/// asks this for every running container).
 pub(super) fn known_keys(facts: &qos::ContainerFacts, decision: &qos::Decision) -> [u64; 3] {
-    let eff = qos::policy::effective(&facts.resources, &decision.adjustment);
     KUBELET_KEYS.map(|k| {
-        eff.unified
+        decision
+            .adjustment
+            .unified
             .get(k)
+            .or_else(|| facts.resources.unified.get(k))
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(0)
     })
