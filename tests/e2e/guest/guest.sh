@@ -616,37 +616,6 @@ kube_checks() {
     fi
 }
 
-for s in $E2E_SCENARIOS; do
-    info "scenario $s: start"
-    [ "$s" = kubeapi ] && kube_pods
-    log_from=$(( $(wc -l </var/log/nri-qos.log 2>/dev/null || echo 0) + 1 ))
-    set -- run "/e2e/scenarios/$s.json"
-    if [ "$E2E_PLUGIN" = none ]; then
-        # Without a plugin the runtime must apply the CRI request unchanged.
-        set -- "$@" --expect-cri
-    else
-        # With nri-qos every value must be what `nri-qos explain` predicts;
-        # an expected-values file (per-version first) overrides single values.
-        set -- "$@" --expect-explain
-        for f in "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json" "/e2e/scenarios/$s.expected.json"; do
-            if [ -f "$f" ]; then set -- "$@" --expect "$f"; break; fi
-        done
-    fi
-    if [ "$E2E_PLUGIN" = none ]; then
-        /e2e/bin/cri-client "$@" || rc=1
-    else
-        # Keep the pods for the audit, then clean up.
-        /e2e/bin/cri-client "$@" --keep || rc=1
-        [ "$s" = kubeletqos ] && kubelet_qos_window
-        [ "$s" = throttle ] && { throttle_relax_route "$log_from"; throttle_psi_only "$log_from"; }
-        [ "$s" = kubeapi ] && kube_checks "$log_from"
-        audit "$s"
-        /e2e/bin/cri-client cleanup || rc=1
-        monitor_actions "$log_from"
-    fi
-    info "scenario $s: end"
-done
-
 # Stops the runtime (containerd's shims or CRI-O's conmons and the containers
 # keep running, as on a node) and starts it again; returns once its NRI
 # socket is back.
@@ -673,6 +642,62 @@ relaunch_plugin() {
     new="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
     [ -n "$new" ] && [ "$new" != "$2" ] && [ "$(log_count "$1")" -gt "$before" ]
 }
+
+# memoryqos, pre-launched on NRI >= v0.7: a restarted plugin must reach the
+# same owners from Synchronize (the pod cgroup protected before the sandbox;
+# the started container holding the kubelet's memory.min in the pod nobody
+# protected first), so its updates leave every container as it was.
+memoryqos_restart() {
+    [ "$E2E_PLUGIN" = prelaunched ] && [ "$E2E_CONTAINERD" != 1.7 ] || return 0
+    files() { cat /sys/fs/cgroup/kubepods/burstable/pod*dddd*/*/memory.[hlm]* /sys/fs/cgroup/kubepods/burstable/pod*cccc*/*/memory.[hlm]* 2>&1 | tr '\n' ' '; }
+    was="$(files)"
+    old="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
+    if ! relaunch_plugin 'synchronized with the runtime' "$old"; then
+        check memoryqos.restart_keeps_kubelet_values FAIL "old pid ${old:-none}, new pid ${new:-none}: not relaunched and synchronized"
+        rc=1
+        return
+    fi
+    sleep 1
+    now="$(files)"
+    if [ "$was" = "$now" ]; then
+        check memoryqos.restart_keeps_kubelet_values PASS "pid $new synchronized after $waited_s s; memory.high/low/max/min of both pods' containers unchanged: $now"
+    else
+        check memoryqos.restart_keeps_kubelet_values FAIL "before: $was after: $now"
+        rc=1
+    fi
+}
+
+for s in $E2E_SCENARIOS; do
+    info "scenario $s: start"
+    [ "$s" = kubeapi ] && kube_pods
+    log_from=$(( $(wc -l </var/log/nri-qos.log 2>/dev/null || echo 0) + 1 ))
+    set -- run "/e2e/scenarios/$s.json"
+    if [ "$E2E_PLUGIN" = none ]; then
+        # Without a plugin the runtime must apply the CRI request unchanged.
+        set -- "$@" --expect-cri
+    else
+        # With nri-qos every value must be what `nri-qos explain` predicts;
+        # an expected-values file (per-version first) overrides single values.
+        set -- "$@" --expect-explain
+        for f in "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json" "/e2e/scenarios/$s.expected.json"; do
+            if [ -f "$f" ]; then set -- "$@" --expect "$f"; break; fi
+        done
+    fi
+    if [ "$E2E_PLUGIN" = none ]; then
+        /e2e/bin/cri-client "$@" || rc=1
+    else
+        # Keep the pods for the audit, then clean up.
+        /e2e/bin/cri-client "$@" --keep || rc=1
+        [ "$s" = memoryqos ] && memoryqos_restart
+        [ "$s" = kubeletqos ] && kubelet_qos_window
+        [ "$s" = throttle ] && { throttle_relax_route "$log_from"; throttle_psi_only "$log_from"; }
+        [ "$s" = kubeapi ] && kube_checks "$log_from"
+        audit "$s"
+        /e2e/bin/cri-client cleanup || rc=1
+        monitor_actions "$log_from"
+    fi
+    info "scenario $s: end"
+done
 
 # Pods created while no plugin runs must still start, with the runtime's own
 # values (our policy never stands between the kubelet and a pod). $1: the
