@@ -121,7 +121,7 @@ impl Plugin for QosPlugin {
             self.record(decision.class, "applied", started);
         }
         resp.adjust = protobuf::MessageField::some(convert::adjustment_to_wire(
-            &decision.adjustment,
+            decision.adjustment,
             self.applies_oom_score_adj(),
         ));
         Ok(resp)
@@ -151,7 +151,7 @@ impl Plugin for QosPlugin {
                 adj.unified.entry(k).or_insert(v);
             }
         }
-        if let Some(u) = convert::update_to_wire(&req.container.id, &adj, false) {
+        if let Some(u) = convert::update_to_wire(&req.container.id, adj, false) {
             lock(&self.counters).updated += 1;
             resp.update.push(u);
         }
