@@ -9,6 +9,10 @@
 //! runs on a thread and runtime of its own: the NRI hooks and the monitor
 //! read the [`PodStore`] snapshot and never wait for the network.
 
+#[cfg(feature = "kube")]
+mod client;
+#[cfg(not(feature = "kube"))]
+#[path = "client_off.rs"]
 mod client;
 pub mod facts;
 pub mod messages;
@@ -60,16 +64,22 @@ pub enum KubeError {
     NodeName(String),
     #[error("kubernetes.kubeconfig is set but empty")]
     EmptyKubeconfig,
+    #[cfg(feature = "kube")]
     #[error("kubeconfig {path}: {source}")]
     Kubeconfig {
         path: PathBuf,
         #[source]
         source: kube::config::KubeconfigError,
     },
+    #[cfg(feature = "kube")]
     #[error("in-cluster service account: {0}")]
     InCluster(#[source] kube::config::InClusterError),
+    #[cfg(feature = "kube")]
     #[error("kubernetes client: {0}")]
     Client(#[source] kube::Error),
+    #[cfg(not(feature = "kube"))]
+    #[error("the API source is configured, but this build has no Kubernetes API client (cargo feature `kube`)")]
+    NotBuilt,
     /// The API source's own runtime or thread could not start.
     #[error("kubernetes client: {what}: {source}")]
     Start {
