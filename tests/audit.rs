@@ -11,6 +11,7 @@ use std::path::Path;
 use common::*;
 use nri_qos::audit;
 use nri_qos::cgroup::HierarchyConfig;
+use nri_qos::node::registry::{ContainerRequests, RequestSource};
 use nri_qos::nri::convert;
 use nri_qos::nri::proto::api;
 use nri_qos::qos::{self, NodeFacts};
@@ -25,9 +26,21 @@ const NODE: NodeFacts = NodeFacts {
 
 /// Writes what a correct node would have for `c` into the temp tree.
 fn write_expected(root: &Path, p: &api::PodSandbox, c: &api::Container) {
+    write_expected_with(root, p, c, None);
+}
+
+/// [`write_expected`] for a plugin that has `api_request` from the API server.
+fn write_expected_with(
+    root: &Path,
+    p: &api::PodSandbox,
+    c: &api::Container,
+    api_request: Option<u64>,
+) {
+    let mut facts = convert::container_from_wire(c);
+    facts.api_memory_request = api_request;
     let d = qos::decide(
         &convert::pod_from_wire(p),
-        &convert::container_from_wire(c),
+        &facts,
         &NODE,
         &Default::default(),
     );
@@ -81,7 +94,116 @@ fn audit_tree(
         hierarchy,
         root,
         Path::new("/nonexistent"),
+        None,
     )
+}
+
+/// The exact requests of the pods audit listed from the API server.
+struct ApiRequests(Vec<(&'static str, &'static str, u64)>);
+
+impl ContainerRequests for ApiRequests {
+    fn container_request(&self, pod_uid: &str, container: &str) -> Option<u64> {
+        self.0
+            .iter()
+            .find(|(p, c, _)| *p == pod_uid && *c == container)
+            .map(|(_, _, r)| *r)
+    }
+}
+
+/// Issue 18: the plugin protects a Burstable pod with its exact request
+/// from the API server, more than oom_score_adj inversion gives. Without
+/// the API, audit takes that protection for the kubelet's Memory QoS and
+/// checks nothing; with the pod listed from the API it expects the exact
+/// values, checks them (0 drift), and names `api-server` as the source.
+#[test]
+fn api_server_requests_are_checked_as_ours() {
+    const EXACT: u64 = 250 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cgroup");
+    let p = pod("b", "/kubepods/burstable/podb");
+    let mut c = container("cb", "b", 256, 50_000, 512 << 20, 985);
+    c.linux.mut_or_insert_default().cgroups_path = "/kubepods/burstable/podb/cb".into();
+    let api = ApiRequests(vec![("uid-b", "ctr-cb", EXACT)]);
+    write_expected_with(&root, &p, &c, Some(EXACT));
+    let snap = audit::Snapshot {
+        pods: vec![p],
+        containers: vec![c],
+        ..Default::default()
+    };
+    let with_api = |root: &Path| {
+        audit::audit(
+            &snap,
+            &NODE,
+            &Default::default(),
+            &HierarchyConfig::default(),
+            root,
+            Path::new("/nonexistent"),
+            Some(&api),
+        )
+    };
+    // The hierarchy as the keeper wrote it from the exact request.
+    for h in &with_api(&root).hierarchy {
+        std::fs::create_dir_all(root.join(&h.cgroup)).unwrap();
+    }
+    for h in &with_api(&root).hierarchy {
+        for ch in &h.checks {
+            let want = ch.expected.as_deref().expect("ours with the API");
+            std::fs::write(root.join(&h.cgroup).join(&ch.key), want).unwrap();
+        }
+    }
+    let report = with_api(&root);
+    let table = audit::render_table(&report);
+    assert_eq!(report.drift, 0, "{table}");
+    let ctr = &report.containers[0];
+    assert_eq!(
+        ctr.request_source,
+        Some(RequestSource::ApiServer),
+        "{table}"
+    );
+    assert_eq!(ctr.memory_request, Some(EXACT));
+    assert!(table.contains("api-server"), "{table}");
+    let low = ctr.checks.iter().find(|c| c.key == "memory.low").unwrap();
+    assert_eq!(
+        (low.owner.label(), low.expected.clone()),
+        ("nri-qos", Some(low.actual.clone())),
+        "{table}"
+    );
+    let pod_cg = report
+        .hierarchy
+        .iter()
+        .find(|h| h.cgroup == "kubepods/burstable/podb")
+        .expect("the pod cgroup is checked");
+    assert!(
+        pod_cg
+            .checks
+            .iter()
+            .all(|c| c.expected.is_some() && c.owner.label() == "nri-qos"),
+        "{table}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["containers"][0]["requestSource"], "apiServer");
+
+    // Today's behaviour without the API: the same tree reads as the
+    // kubelet's protection, reported and never checked.
+    let report = audit_tree(&snap, &HierarchyConfig::default(), &root);
+    let table = audit::render_table(&report);
+    assert_eq!(report.drift, 0, "{table}");
+    assert_eq!(
+        report.containers[0].request_source,
+        Some(RequestSource::OomScoreAdj)
+    );
+    let pod_cg = report
+        .hierarchy
+        .iter()
+        .find(|h| h.cgroup == "kubepods/burstable/podb")
+        .unwrap();
+    assert!(
+        pod_cg
+            .checks
+            .iter()
+            .all(|c| c.expected.is_none() && c.owner.label() == "kubelet"),
+        "{table}"
+    );
 }
 
 #[tokio::test]
@@ -92,7 +214,7 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
     let listener = UnixListener::bind(&sock).unwrap();
     let collect = tokio::spawn({
         let sock = sock.clone();
-        async move { audit::collect(&sock, std::time::Duration::from_secs(10)).await }
+        async move { audit::collect(&sock, std::time::Duration::from_secs(10), 64 << 20).await }
     });
     let mut s = accept(&listener, false).await;
     let (name, index) = s.expect_registered().await;

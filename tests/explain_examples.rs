@@ -177,3 +177,55 @@ fn bad_node_and_kindless_manifest_are_errors_naming_them() {
         assert!(err.contains(needle), "{extra:?}: {err}");
     }
 }
+
+/// Issue 18: the request source the plugin would use. `auto` follows the
+/// config (`[kubernetes] kubeconfig` set: api-server); the flag overrides.
+#[test]
+fn request_source_follows_the_config_or_the_flag() {
+    let file = "config/examples/multi-container.yaml";
+    let dir = tempfile::tempdir().unwrap();
+    let with = dir.path().join("with.toml");
+    std::fs::write(
+        &with,
+        "[kubernetes]\nkubeconfig = \"/etc/nri-qos/kubeconfig\"\n",
+    )
+    .unwrap();
+    let off = dir.path().join("off.toml");
+    std::fs::write(
+        &off,
+        "[kubernetes]\nenabled = false\nkubeconfig = \"/etc/nri-qos/kubeconfig\"\n",
+    )
+    .unwrap();
+    let source = |v: &Value| container(v, "api")["memoryRequestSource"].clone();
+    let plain = explain(file, &[]);
+    assert_eq!(source(&plain), "oomScoreAdj");
+    assert!(plain.get("requestSource").is_none());
+    for args in [
+        vec!["--config", with.to_str().unwrap()],
+        vec!["--request-source", "api-server"],
+    ] {
+        let v = explain(file, &args);
+        assert_eq!(v["requestSource"], "api-server", "{args:?}");
+        assert_eq!(source(&v), "apiServer", "{args:?}");
+        assert_eq!(container(&v, "api")["memoryRequest"], 512u64 << 20);
+    }
+    for args in [
+        vec!["--config", off.to_str().unwrap()],
+        vec![
+            "--config",
+            with.to_str().unwrap(),
+            "--request-source",
+            "runtime",
+        ],
+    ] {
+        let v = explain(file, &args);
+        assert_eq!(v, plain, "{args:?}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_nri-qos"))
+        .args(["explain", file, "--request-source", "guess"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--request-source"));
+}

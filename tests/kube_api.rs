@@ -105,6 +105,7 @@ struct Cluster {
     apiserver_bin: PathBuf,
     apiserver_args: Vec<String>,
     port: u16,
+    etcd_port: u16,
     admin: PathBuf,
     plugin: PathBuf,
     kubectl: Option<PathBuf>,
@@ -248,6 +249,7 @@ impl Cluster {
             apiserver_bin,
             apiserver_args,
             port,
+            etcd_port: client_port,
             kubectl,
         };
         kubeconfig(&c.admin, port, &ca_cert.pem(), "admin-token");
@@ -698,6 +700,8 @@ fn against_a_real_api_server() {
         "critical pods are never candidates"
     );
 
+    audit_over_the_api(&cluster, &rt, &store);
+
     // Soft: an Eviction moves the pod and an Event says why.
     let victim = f("plain");
     assert_eq!(
@@ -852,6 +856,9 @@ fn against_a_real_api_server() {
     wait_for("the watch to notice", Duration::from_secs(60), || {
         !store.connected()
     });
+    // Without the watch cache, a watch resumed from a compacted resource
+    // version reaches etcd and gets 410 Gone (watch_expiry_relists).
+    cluster.apiserver_args.push("--watch-cache=false".into());
     cluster.start_apiserver().expect("restart");
     rt.block_on(async {
         pods.create(
@@ -883,6 +890,325 @@ fn against_a_real_api_server() {
         "kube_api: {} pod facts after the restart; {} events",
         store.len(),
         store.events()
+    );
+
+    watch_expiry_relists(&cluster, &rt, &pods, &store);
+}
+
+/// `nri-qos audit` over the API server: one list of the node's pods (the
+/// same facts the watch has), matched to the runtime's pods by UID, gives
+/// the audit the exact requests (source `api-server`) and lets it check the
+/// pod cgroup the keeper protected with them; without the list, that
+/// protection reads as the kubelet's and goes unchecked. An API server that
+/// does not answer costs the audit the bounded wait, nothing more.
+fn audit_over_the_api(cluster: &Cluster, rt: &tokio::runtime::Runtime, store: &PodStore) {
+    use nri_qos::audit;
+    use nri_qos::node::registry::{ContainerRequests, RequestSource};
+    let creds = Credentials::Kubeconfig(cluster.plugin.clone());
+    let listed = rt
+        .block_on(nri_qos::kube::list_node_pods(
+            &creds,
+            NODE,
+            Duration::from_secs(10),
+        ))
+        .expect("the list, as the DaemonSet's service account");
+    assert_eq!(listed.len(), store.len());
+    for p in &listed {
+        assert_eq!(*by_name(store, &p.name), *p, "the list and the watch agree");
+    }
+    let api = PodStore::default();
+    api.replace(listed);
+
+    // The runtime's view: the `sidecar` pod (sidecar 30Mi, app 200Mi/400Mi)
+    // and a pod the API server does not know.
+    let sidecar = by_name(store, "sidecar");
+    let node = nri_qos::qos::NodeFacts {
+        memory_capacity: 16 << 30,
+        memory_allocatable: 15 << 30,
+        page_size: 4096,
+        cgroup_v2: true,
+    };
+    let mut p = common::pod("s1", &format!("/kubepods/burstable/pod{}", sidecar.uid));
+    p.uid = sidecar.uid.clone();
+    let unknown = common::pod("s2", "/kubepods/burstable/podunknown");
+    let mut ctrs = Vec::new();
+    for (id, pod, name, limit, adj) in [
+        ("c-side", &p, "side", 0, 998),
+        ("c-app", &p, "app", 400 * MI as i64, 988),
+        ("c-other", &unknown, "other", 0, 985),
+    ] {
+        let mut c = common::container(id, &pod.id, 102, 0, limit, adj);
+        c.name = name.into();
+        c.linux.mut_or_insert_default().cgroups_path = format!("{}/{id}", pod.linux.cgroup_parent);
+        ctrs.push(c);
+    }
+    let snap = audit::Snapshot {
+        pods: vec![p, unknown],
+        containers: ctrs,
+        runtime: "containerd".into(),
+    };
+    let tree = tempfile::tempdir().unwrap();
+    let root = tree.path();
+    let run = |api: Option<&dyn ContainerRequests>| {
+        audit::audit(
+            &snap,
+            &node,
+            &Default::default(),
+            &Default::default(),
+            root,
+            Path::new("/nonexistent"),
+            api,
+        )
+    };
+    // The node as the plugin and the keeper with the API source left it.
+    for c in &snap.containers {
+        std::fs::create_dir_all(root.join(&c.linux.cgroups_path[1..])).unwrap();
+    }
+    for _ in 0..2 {
+        let report = run(Some(&api));
+        for s in report.containers.iter().chain(&report.hierarchy) {
+            std::fs::create_dir_all(root.join(&s.cgroup)).unwrap();
+            for c in &s.checks {
+                if let Some(want) = &c.expected {
+                    std::fs::write(root.join(&s.cgroup).join(&c.key), want).unwrap();
+                }
+            }
+        }
+    }
+    let report = run(Some(&api));
+    let table = audit::render_table(&report);
+    assert_eq!(report.drift, 0, "{table}");
+    let ctr = |r: &audit::AuditReport, name: &str| {
+        r.containers
+            .iter()
+            .find(|c| c.name.ends_with(&format!("/{name}")))
+            .unwrap_or_else(|| panic!("{name}"))
+            .clone()
+    };
+    for (name, want) in [("side", 30 * MI), ("app", 200 * MI)] {
+        let c = ctr(&report, name);
+        assert_eq!(c.request_source, Some(RequestSource::ApiServer), "{table}");
+        assert_eq!(c.memory_request, Some(want), "{name}: {table}");
+    }
+    assert_eq!(
+        ctr(&report, "other").request_source,
+        Some(RequestSource::OomScoreAdj),
+        "a pod the API server does not list keeps the runtime's reading"
+    );
+    let pod_cg = format!("kubepods/burstable/pod{}", sidecar.uid);
+    let checked = |r: &audit::AuditReport| {
+        r.hierarchy
+            .iter()
+            .find(|h| h.cgroup == pod_cg)
+            .unwrap()
+            .checks
+            .iter()
+            .all(|c| c.expected.is_some())
+    };
+    assert!(checked(&report), "{table}");
+    assert!(table.contains("api-server"), "{table}");
+    // Without the list: the exact protection reads as the kubelet's.
+    let without = run(None);
+    assert!(!checked(&without), "{}", audit::render_table(&without));
+
+    // An API server that accepts and never answers: a bounded wait.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = cluster.dir.path().join("silent.kubeconfig");
+    let text = std::fs::read_to_string(&cluster.plugin).unwrap().replace(
+        &format!(":{}", cluster.port),
+        &format!(":{}", silent.local_addr().unwrap().port()),
+    );
+    std::fs::write(&dead, text).unwrap();
+    let t = Instant::now();
+    let err = rt
+        .block_on(nri_qos::kube::list_node_pods(
+            &Credentials::Kubeconfig(dead),
+            NODE,
+            Duration::from_secs(1),
+        ))
+        .unwrap_err();
+    assert!(matches!(err, nri_qos::kube::KubeError::Timeout(_)), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    drop(silent);
+}
+
+/// A TCP relay to the API server that can be cut (live connections shut,
+/// new ones dropped) and restored, while the API server keeps running.
+struct Relay {
+    port: u16,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    live: Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Relay {
+    fn to(port: u16) -> Relay {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let relay = Relay {
+            port: listener.local_addr().unwrap().port(),
+            cut: Arc::default(),
+            live: Arc::default(),
+        };
+        let (cut, live) = (relay.cut.clone(), relay.live.clone());
+        std::thread::spawn(move || {
+            for down in listener.incoming().flatten() {
+                if cut.load(Ordering::SeqCst) {
+                    continue;
+                }
+                let Ok(up) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                    continue;
+                };
+                let mut l = live.lock().unwrap();
+                l.push(down.try_clone().unwrap());
+                l.push(up.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (down.try_clone().unwrap(), up.try_clone().unwrap()),
+                    (up, down),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        relay
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for c in self.live.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// One call to etcd's JSON gateway; the answer's body.
+fn etcd(port: u16, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "etcd {path}: {out}");
+    out
+}
+
+/// etcd's current revision (a write first, so it moves past every pod event).
+fn etcd_revision(port: u16) -> u64 {
+    let key = base64(b"nri-qos-test");
+    etcd(
+        port,
+        "/v3/kv/put",
+        &format!(r#"{{"key":"{key}","value":"{key}"}}"#),
+    );
+    let out = etcd(port, "/v3/kv/range", &format!(r#"{{"key":"{key}"}}"#));
+    let at = out.find(r#""revision":""#).expect("a revision") + 12;
+    out[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
+/// Issue 18's watch expiry: a watch resumed from a resource version etcd
+/// compacted away gets 410 Gone; the reflector relists and the relist
+/// replaces the store, so a pod created during the gap appears and one
+/// deleted during it disappears. The API server runs without its watch
+/// cache (set at the restart before), so the resumed watch reaches etcd.
+fn watch_expiry_relists(
+    cluster: &Cluster,
+    rt: &tokio::runtime::Runtime,
+    pods: &Api<Pod>,
+    direct: &PodStore,
+) {
+    let relay = Relay::to(cluster.port);
+    let relayed = cluster.dir.path().join("relayed.kubeconfig");
+    let text = std::fs::read_to_string(&cluster.plugin)
+        .unwrap()
+        .replace(&format!(":{}", cluster.port), &format!(":{}", relay.port));
+    std::fs::write(&relayed, text).unwrap();
+    let metrics = Arc::new(nri_qos::metrics::Metrics::new());
+    let kube = Kube::start(
+        Credentials::Kubeconfig(relayed),
+        NODE.into(),
+        false,
+        Some(metrics.clone()),
+    )
+    .unwrap();
+    let store = kube.store();
+    wait_for("the relayed source's list", Duration::from_secs(30), || {
+        store.connected() && store.len() == direct.len()
+    });
+    let gone = "after-restart";
+    assert!(store.all().iter().any(|p| p.name == gone));
+
+    relay.cut();
+    wait_for("the relayed watch to fail", Duration::from_secs(60), || {
+        !store.connected()
+    });
+    rt.block_on(async {
+        let p = pod(
+            "in-the-gap",
+            NODE,
+            json!({"containers": [container("a", Some("96Mi"), None)]}),
+        );
+        pods.create(&PostParams::default(), &p).await.unwrap();
+        pods.delete(gone, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    });
+    wait_for(
+        "the direct watch to see the gap",
+        Duration::from_secs(30),
+        || {
+            direct.all().iter().any(|p| p.name == "in-the-gap")
+                && direct.all().iter().all(|p| p.name != gone)
+        },
+    );
+    // Everything the relayed watch missed is compacted away.
+    let rev = etcd_revision(cluster.etcd_port);
+    etcd(
+        cluster.etcd_port,
+        "/v3/kv/compaction",
+        &format!(r#"{{"revision":"{rev}","physical":true}}"#),
+    );
+    relay.restore();
+    wait_for("the relist after 410", Duration::from_secs(90), || {
+        store.connected()
+            && store.all().iter().any(|p| p.name == "in-the-gap")
+            && store.all().iter().all(|p| p.name != gone)
+    });
+    assert_eq!(by_name(&store, "in-the-gap").memory_request, 96 * MI);
+    let names = |s: &PodStore| {
+        let mut v: Vec<String> = s.all().iter().map(|p| p.name.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&store), names(direct), "nothing lost, nothing stale");
+    let text = metrics.render();
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{name} in {text}"))
+    };
+    assert!(value("nri_qos_kube_watch_expired_total") >= 1, "{text}");
+    assert!(value("nri_qos_kube_lists_total") >= 2, "{text}");
+    eprintln!(
+        "kube_api: watch expiry: {} watches expired (410), {} lists",
+        value("nri_qos_kube_watch_expired_total"),
+        value("nri_qos_kube_lists_total")
     );
 }
 

@@ -200,6 +200,29 @@ async fn synchronize_reassembly_is_bounded_in_bytes_and_answers_in_time() {
     );
 }
 
+/// `plugin.sync-budget-mib` lowers the bound: 8 MiB holds two of the
+/// 3.5 MiB chunks, so the plugin grows far less than under the default.
+#[tokio::test]
+async fn the_synchronize_budget_is_configurable() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket_in(&dir);
+    let listener = UnixListener::bind(&sock).unwrap();
+    let cfg = dir.path().join("nri-qos.toml");
+    std::fs::write(&cfg, "[plugin]\nsync-budget-mib = 8\n").unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let mut plugin = PluginProcess::external(&sock, dir.path(), &["--config", cfg]);
+    let mut s = accept(&listener, true).await;
+    s.handshake(true).await;
+    let (hwm, last) = flood_sync(&s, &plugin).await;
+    eprintln!("140 MiB of chunks, 8 MiB budget: plugin peak grew {hwm} KiB, last chunk {last:?}");
+    assert!(plugin.is_running(), "{}", plugin.log_text());
+    assert!(
+        hwm < 32 * 1024,
+        "plugin grew by {hwm} KiB under an 8 MiB budget"
+    );
+    assert!(plugin.log_text().contains("answering with what fits"));
+}
+
 #[tokio::test]
 async fn audit_reassembly_is_bounded_too() {
     let dir = tempfile::tempdir().unwrap();

@@ -110,6 +110,7 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
         proc_root: cfg.node.proc_root.clone(),
         cgroup_root: cfg.node.cgroup_root.clone(),
     })
+    .with_sync_budget(cfg.plugin.sync_budget_bytes())
     .with_drop_in(config::drop_in_layer(
         cfg.policy.clone(),
         cfg.plugin.dry_run,

@@ -44,6 +44,16 @@ pub struct ExplainArgs {
     /// The kubelet's memoryThrottlingFactor (memory.high), in (0, 1].
     #[arg(long)]
     pub memory_throttling_factor: Option<f64>,
+    /// Where the plugin takes memory requests from: `api-server` (it runs
+    /// with the Kubernetes API source: the manifest's exact requests),
+    /// `runtime` (what the kubelet sends: unified keys, annotation,
+    /// oom_score_adj inversion), or `auto`: api-server when --config sets
+    /// `[kubernetes] kubeconfig` (and does not disable the source), else
+    /// runtime. A DaemonSet using its service account (no kubeconfig) uses
+    /// the API source where NODE_NAME is set: say `api-server`. Explain never
+    /// contacts an API server.
+    #[arg(long, default_value = "auto")]
+    pub request_source: String,
 }
 
 /// `nri-qos explain`: every kernel value a Pod manifest will get.
@@ -113,7 +123,17 @@ pub fn run_explain(args: ExplainArgs) -> Result<(), AppError> {
         args.memory_throttling_factor,
     )
     .context("--kubelet-version / --kubelet-memory-qos / --memory-throttling-factor")?;
-    let report = explain::explain_with(&yaml, &node, &cfg.policy, &kubelet)
+    let api_server = match args.request_source.as_str() {
+        "api-server" => true,
+        "runtime" => false,
+        "auto" => cfg.kubernetes.enabled && cfg.kubernetes.kubeconfig.is_some(),
+        other => {
+            return Err(AppError::Usage(format!(
+                "--request-source must be auto, api-server or runtime, not {other:?}"
+            )))
+        }
+    };
+    let report = explain::explain_with(&yaml, &node, &cfg.policy, &kubelet, api_server)
         .with_context(|| format!("explaining {}", args.manifest.display()))?;
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -137,6 +157,11 @@ pub struct AuditArgs {
     /// How long to wait for the runtime's Synchronize (1..=3600 seconds).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub timeout_seconds: u64,
+    /// With the API source configured (`[kubernetes]` as the plugin has it),
+    /// how long to wait for the one list of this node's pods (1..=60 seconds);
+    /// past it, audit says so and goes on with the runtime's values.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub api_timeout_seconds: u64,
 }
 
 /// `nri-qos audit`: the policy against the node's real cgroup values;
@@ -157,18 +182,26 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
         &cfg.node.cgroup_root,
         cfg.node.memory_allocatable,
     )?;
-    let snap = super::runtime()?.block_on(crate::audit::collect(
+    let rt = super::runtime()?;
+    let snap = rt.block_on(crate::audit::collect(
         &cfg.plugin.socket,
         Duration::from_secs(args.timeout_seconds),
+        cfg.plugin.sync_budget_bytes(),
     ))?;
-    let report = crate::audit::audit(
+    let limit = Duration::from_secs(args.api_timeout_seconds);
+    let (api_pods, api_note) = list_api_pods(&cfg, &rt, &snap, limit);
+    let mut report = crate::audit::audit(
         &snap,
         &node,
         &cfg.policy,
         &cfg.hierarchy,
         &cfg.node.cgroup_root,
         &cfg.node.proc_root,
+        api_pods
+            .as_ref()
+            .map(|s| s as &dyn crate::node::registry::ContainerRequests),
     );
+    report.api_server = Some(api_note);
     if args.output == "json" {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -178,4 +211,91 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// The plugin's API source for audit: one list of this node's pods, by the
+/// same `[kubernetes]` settings, credentials and node name as the plugin.
+/// Never fails the audit: off or unreachable, the requests come from the
+/// runtime's values as without it, and the note says why.
+fn list_api_pods(
+    cfg: &Config,
+    rt: &tokio::runtime::Runtime,
+    snap: &crate::audit::Snapshot,
+    limit: Duration,
+) -> (Option<crate::kube::PodStore>, String) {
+    use crate::kube::Plan;
+    let fallback = "requests from the runtime's values alone";
+    let (credentials, node_name) = match crate::kube::plan_here(&cfg.kubernetes) {
+        Ok(Plan::On {
+            credentials,
+            node_name,
+        }) => (credentials, node_name),
+        Ok(Plan::Off(why)) => return (None, format!("off ({why}); {fallback}")),
+        Err(e) => return (None, format!("not used ({e}); {fallback}")),
+    };
+    match rt.block_on(crate::kube::list_node_pods(&credentials, &node_name, limit)) {
+        Ok(pods) => {
+            let listed = pods.len();
+            let store = crate::kube::PodStore::default();
+            store.replace(pods);
+            let matched = snap
+                .pods
+                .iter()
+                .filter(|p| store.get(&p.uid).is_some())
+                .count();
+            let note = format!(
+                "{listed} pods listed for node {node_name}; {matched} of the runtime's {} pods matched by UID take their exact requests from it",
+                snap.pods.len()
+            );
+            (Some(store), note)
+        }
+        Err(e) => (None, format!("unreachable ({e}); {fallback}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// audit never fails because of the API: off, or an API server that
+    /// refuses the connection, gives one line and the runtime's values.
+    #[test]
+    fn audit_goes_on_without_the_api() {
+        let rt = super::super::runtime().unwrap();
+        let snap = crate::audit::Snapshot::default();
+        let mut cfg = Config::default();
+        cfg.kubernetes.enabled = false;
+        let (store, note) = list_api_pods(&cfg, &rt, &snap, Duration::from_secs(2));
+        assert!(store.is_none());
+        assert!(
+            note.starts_with("off (kubernetes.enabled is false)"),
+            "{note}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            format!("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {{server: \"https://127.0.0.1:{port}\"}}\nusers:\n- name: u\n  user: {{token: t}}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u}}\ncurrent-context: x\n"),
+        )
+        .unwrap();
+        cfg.kubernetes.enabled = true;
+        cfg.kubernetes.kubeconfig = Some(kubeconfig);
+        cfg.kubernetes.node_name = "node-1".into();
+        let started = std::time::Instant::now();
+        let (store, note) = list_api_pods(&cfg, &rt, &snap, Duration::from_secs(2));
+        assert!(store.is_none());
+        assert!(note.starts_with("unreachable ("), "{note}");
+        assert!(
+            note.ends_with("requests from the runtime's values alone"),
+            "{note}"
+        );
+        assert!(!note.contains('\n'), "{note}");
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
 }

@@ -55,6 +55,14 @@ const ENV_TABLE: &[(&str, &str, EnvSetter)] = &[
             Ok(())
         },
     ),
+    (
+        "PLUGIN_SYNC_BUDGET_MIB",
+        "plugin.sync-budget-mib",
+        |c, v| {
+            c.plugin.sync_budget_mib = parse_num(v)?;
+            Ok(())
+        },
+    ),
     ("PLUGIN_LOG_FORMAT", "plugin.log-format", |c, v| {
         c.plugin.log_format = v.to_string();
         Ok(())

@@ -66,6 +66,9 @@ pub struct PluginConfig {
     /// Run the node pressure monitor in the plugin process, fed with the
     /// runtime's pod list.
     pub with_monitor: bool,
+    /// Most a chunked Synchronize may hold while it is reassembled, in MiB
+    /// (plugin and `audit`); past it we answer with what fits.
+    pub sync_budget_mib: u64,
 }
 
 impl Default for PluginConfig {
@@ -80,6 +83,7 @@ impl Default for PluginConfig {
             log_level: "info".into(),
             log_file: None,
             with_monitor: false,
+            sync_budget_mib: DEFAULT_SYNC_BUDGET_MIB,
         }
     }
 }
@@ -150,6 +154,18 @@ pub enum ConfigError {
         field: &'static str,
         reason: String,
     },
+}
+
+/// `plugin.sync-budget-mib`: a node of 1,000 pods / 3,000 containers needs
+/// about 2 MiB; 1 GiB would already be a peer's attack, not a node.
+pub const DEFAULT_SYNC_BUDGET_MIB: u64 = 64;
+pub const MAX_SYNC_BUDGET_MIB: u64 = 1024;
+
+impl PluginConfig {
+    /// The reassembly budget in bytes (validated to 1..=1024 MiB).
+    pub fn sync_budget_bytes(&self) -> usize {
+        usize::try_from(self.sync_budget_mib.min(MAX_SYNC_BUDGET_MIB) << 20).unwrap_or(usize::MAX)
+    }
 }
 
 /// Longest `hierarchy.resync-seconds`: a retry an hour apart is already no
@@ -242,6 +258,13 @@ impl Config {
                     reason: "empty path".into(),
                 });
             }
+        }
+        let budget = self.plugin.sync_budget_mib;
+        if !(1..=MAX_SYNC_BUDGET_MIB).contains(&budget) {
+            return Err(ConfigError::Invalid {
+                field: "plugin.sync-budget-mib",
+                reason: format!("{budget} is not in 1..={MAX_SYNC_BUDGET_MIB}"),
+            });
         }
         let resync = self.hierarchy.resync_seconds;
         if !(1..=MAX_RESYNC_SECONDS).contains(&resync) {

@@ -70,6 +70,11 @@ fn validation_gaps_are_errors_naming_the_key() {
         ("[plugin]\nlog-level = \"(((\"\n", "plugin.log-level"),
         ("[plugin]\nlog-level = \"\"\n", "plugin.log-level"),
         ("[plugin]\nsocket = \"\"\n", "plugin.socket"),
+        ("[plugin]\nsync-budget-mib = 0\n", "plugin.sync-budget-mib"),
+        (
+            "[plugin]\nsync-budget-mib = 4096\n",
+            "plugin.sync-budget-mib",
+        ),
         ("[node]\ncgroup-root = \"\"\n", "node.cgroup-root"),
         ("[node]\nproc-root = \"\"\n", "node.proc-root"),
         (
@@ -174,6 +179,9 @@ fn env_sets_each_field() {
         }),
         ("NRI_QOS_PLUGIN_LOG_LEVEL", "nri_qos=debug", |c| {
             c.plugin.log_level == "nri_qos=debug"
+        }),
+        ("NRI_QOS_PLUGIN_SYNC_BUDGET_MIB", "8", |c| {
+            c.plugin.sync_budget_bytes() == 8 << 20
         }),
         ("NRI_QOS_PLUGIN_LOG_FILE", "/var/log/q.log", |c| {
             c.plugin.log_file.as_deref() == Some(Path::new("/var/log/q.log"))

@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use thiserror::Error;
 
+use crate::kube::facts::from_manifest;
 use crate::node::cgroupfs::Owner;
 use crate::node::layout::{container_cgroup, pod_cgroup_parent, Driver};
 use crate::node::{NodeFacts, QosClass};
@@ -109,6 +110,11 @@ pub struct PodReport {
     pub sandbox: Value,
     /// The pod-level cgroup as the hierarchy keeper maintains it.
     pub pod_cgroup: Value,
+    /// `api-server` when explained for a plugin with the Kubernetes API
+    /// source: the memory requests are this spec's exact ones, as the
+    /// plugin reads them from the API server (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_source: Option<String>,
 }
 
 fn bytes_or_max(v: Option<u64>) -> Value {
@@ -117,18 +123,24 @@ fn bytes_or_max(v: Option<u64>) -> Value {
 
 /// Explains a Pod manifest for a kubelet without Memory QoS.
 pub fn explain(yaml: &str, node: &NodeSpec, cfg: &PolicyConfig) -> Result<PodReport, ExplainError> {
-    explain_with(yaml, node, cfg, &KubeletMemoryQosSim::default())
+    explain_with(yaml, node, cfg, &KubeletMemoryQosSim::default(), false)
 }
 
 /// Explains a Pod manifest next to the kubelet's Memory QoS as `kubelet`
 /// describes it. The runtime is taken to show plugins the kubelet's
 /// `unified` keys (containerd 2.2+); older ones hide them and nri-qos then
 /// also leaves memory.high alone on the pods the kubelet protects.
+/// `api_server`: the plugin runs with the Kubernetes API source, so each
+/// container's memory request is the spec's exact one (request source
+/// `api-server`; the same reading of the spec as the watch), not one
+/// recovered from what the kubelet sends the runtime. Nothing is asked of
+/// a live API server.
 pub fn explain_with(
     yaml: &str,
     node: &NodeSpec,
     cfg: &PolicyConfig,
     kubelet: &KubeletMemoryQosSim,
+    api_server: bool,
 ) -> Result<PodReport, ExplainError> {
     let pod = parse_pod(yaml)?;
     // A file given to explain must say what it is (parse_pod also reads
@@ -141,6 +153,7 @@ pub fn explain_with(
         .into());
     }
     let (class, class_reason) = pod_qos(&pod)?;
+    let api_facts = api_server.then(|| from_manifest(&pod)).transpose()?;
     let uid = if pod.metadata.uid.is_empty() {
         "00000000-0000-0000-0000-000000000000".to_string()
     } else {
@@ -254,6 +267,7 @@ pub fn explain_with(
                 unified: kubelet_unified.clone(),
             },
             oom_score_adj: Some(oom),
+            api_memory_request: api_facts.as_ref().and_then(|f| f.container_request(name)),
             ..Default::default()
         };
         let d = policy::decide(&pod_facts, &facts, &node_facts, cfg);
@@ -381,6 +395,7 @@ pub fn explain_with(
                 "owner": Owner::NriQos,
             })
         },
+        request_source: api_server.then(|| RequestSource::ApiServer.to_string()),
     })
 }
 

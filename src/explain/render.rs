@@ -68,9 +68,15 @@ fn human_bytes(b: u64) -> String {
 pub fn render_table(r: &PodReport) -> String {
     let mut out = format!("pod {}: {:?} ({})\n", r.pod, r.qos_class, r.reason);
     out.push_str(&format!(
-        "pod cgroup: {}\n\n",
+        "pod cgroup: {}\n",
         r.pod_cgroup["cgroupPath"].as_str().unwrap_or("?")
     ));
+    if let Some(s) = &r.request_source {
+        out.push_str(&format!(
+            "request source: {s} (the plugin's Kubernetes API source: this spec's exact memory requests)\n"
+        ));
+    }
+    out.push('\n');
     let mut rows = vec![[
         "CONTAINER",
         "cpu.weight",

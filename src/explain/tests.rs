@@ -125,7 +125,7 @@ const ROW4: &str = "metadata: {name: b}\nspec:\n  containers:\n  - name: app\n  
 fn with_kubelet(version: &str, mode: KubeletMode, factor: Option<f64>) -> PodReport {
     let k = KubeletMemoryQosSim::for_version(version, Some(mode), factor).unwrap();
     let yaml = format!("kind: Pod\n{ROW4}");
-    explain_with(&yaml, &NODE, &PolicyConfig::default(), &k).unwrap()
+    explain_with(&yaml, &NODE, &PolicyConfig::default(), &k, false).unwrap()
 }
 
 #[test]
@@ -219,4 +219,41 @@ fn json_shape_is_stable() {
         assert!(v["containers"][0].get(key).is_some(), "missing {key}");
     }
     assert_eq!(v["podCgroup"]["owner"], "nri-qos");
+}
+
+/// Issue 18: explained for a plugin with the Kubernetes API source, the
+/// request is the spec's exact one (source `api-server`), not the
+/// oom_score_adj reading; without it, the output is as before.
+#[test]
+fn with_the_api_source_the_request_is_exact() {
+    let yaml = "kind: Pod\nmetadata: {name: b}\nspec:\n  initContainers:\n  - name: init\n    resources: {requests: {memory: 300Mi}}\n  containers:\n  - name: app\n    resources:\n      requests: {cpu: 100m, memory: 128Mi}\n      limits: {cpu: 500m, memory: 512Mi}\n";
+    let sim = KubeletMemoryQosSim::default();
+    let api = explain_with(yaml, &NODE, &PolicyConfig::default(), &sim, true).unwrap();
+    let app = api.containers.iter().find(|c| c.name == "app").unwrap();
+    assert_eq!(app.memory_request_source, RequestSource::ApiServer);
+    assert_eq!(app.memory_request, Some(128 << 20));
+    assert_eq!(app.memory_low, 128 << 20);
+    assert_eq!(app.memory_request_range, None);
+    let init = api.containers.iter().find(|c| c.name == "init").unwrap();
+    assert_eq!(init.memory_request, Some(300 << 20));
+    assert_eq!(api.request_source.as_deref(), Some("api-server"));
+    let table = render_table(&api);
+    assert!(table.contains("request source: api-server"), "{table}");
+    let json = serde_json::to_value(&api).unwrap();
+    assert_eq!(json["requestSource"], "api-server");
+
+    let runtime = explain_with(yaml, &NODE, &PolicyConfig::default(), &sim, false).unwrap();
+    let app = runtime.containers.iter().find(|c| c.name == "app").unwrap();
+    assert_eq!(app.memory_request_source, RequestSource::OomScoreAdj);
+    assert_eq!(app.memory_low, 120_258_560);
+    assert!(runtime.request_source.is_none());
+    assert!(!render_table(&runtime).contains("request source"));
+    assert!(serde_json::to_value(&runtime)
+        .unwrap()
+        .get("requestSource")
+        .is_none());
+    assert_eq!(
+        runtime,
+        explain(yaml, &NODE, &PolicyConfig::default()).unwrap()
+    );
 }

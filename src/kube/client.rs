@@ -69,7 +69,7 @@ impl std::fmt::Debug for Kube {
     }
 }
 
-async fn client(credentials: &Credentials) -> Result<Client, KubeError> {
+pub(super) async fn client(credentials: &Credentials) -> Result<Client, KubeError> {
     let config = match credentials {
         Credentials::InCluster => kube::Config::incluster().map_err(KubeError::InCluster)?,
         Credentials::Kubeconfig(path) => {
@@ -292,6 +292,9 @@ impl ApiThread {
                     self.store.replace(std::mem::take(&mut listing));
                     listing.shrink_to_fit();
                     self.connected(true);
+                    if let Some(m) = &self.metrics {
+                        m.inc_kube_relist();
+                    }
                     info!(pods = n, node = %self.node_name, after_failures = failures, "listed this node's pods from the API server");
                     failures = 0;
                 }
@@ -307,6 +310,15 @@ impl ApiThread {
                         self.store.remove(&f.runtime_uid);
                     }
                     self.connected(true);
+                }
+                Err(watcher::Error::WatchError(status)) if status.code == 410 => {
+                    // Not a failure: the resource version we resumed from
+                    // was compacted away. The watcher relists at once and
+                    // the relist replaces the store, dropping what went.
+                    if let Some(m) = &self.metrics {
+                        m.inc_kube_watch_expired();
+                    }
+                    info!(reason = %status.reason, message = %status.message, "watch expired (410 Gone); relisting this node's pods");
                 }
                 Err(e) => {
                     failures += 1;

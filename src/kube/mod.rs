@@ -15,6 +15,7 @@ mod client;
 #[path = "client_off.rs"]
 mod client;
 pub mod facts;
+mod list;
 pub mod messages;
 pub mod store;
 
@@ -26,6 +27,7 @@ use thiserror::Error;
 
 pub use client::Kube;
 pub use facts::PodFacts;
+pub use list::list_node_pods;
 pub use store::PodStore;
 
 /// Where the kubelet mounts the service account token in a pod.
@@ -87,6 +89,8 @@ pub enum KubeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the API server did not answer within {0:?}")]
+    Timeout(std::time::Duration),
     #[error(
         "kubernetes.kubeconfig {0} is set but no node name: set kubernetes.node-name or NODE_NAME"
     )]
@@ -184,13 +188,19 @@ pub fn plan(
     })
 }
 
+/// [`plan`] with this process's environment and the service account's
+/// token path.
+pub fn plan_here(cfg: &KubernetesConfig) -> Result<Plan, KubeError> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    plan(cfg, env, Path::new(SERVICE_ACCOUNT_TOKEN))
+}
+
 /// Starts the source when [`plan`] says so, on its own thread.
 pub fn start(
     cfg: &KubernetesConfig,
     metrics: Option<Arc<crate::metrics::Metrics>>,
 ) -> Result<Option<Kube>, KubeError> {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    match plan(cfg, env, Path::new(SERVICE_ACCOUNT_TOKEN))? {
+    match plan_here(cfg)? {
         Plan::Off(why) => {
             tracing::info!(
                 why,

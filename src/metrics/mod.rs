@@ -100,6 +100,8 @@ struct KubeMetrics {
     pods: AtomicU64,
     lag_micros: AtomicU64,
     evictions: [AtomicU64; 3],
+    relists: AtomicU64,
+    expired: AtomicU64,
 }
 
 /// `owner` label values of `nri_qos_protection_cgroups`.
@@ -215,6 +217,17 @@ impl Metrics {
             .store(time::micros(d), Ordering::Relaxed);
     }
 
+    /// Counts one completed list of this node's pods (the first one too).
+    pub fn inc_kube_relist(&self) {
+        self.kube.relists.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one watch the API server ended with 410 Gone (its resource
+    /// version expired); a relist follows.
+    pub fn inc_kube_watch_expired(&self) {
+        self.kube.expired.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts one Eviction by its outcome.
     pub fn inc_kube_eviction(&self, outcome: crate::node::cluster::EvictOutcome) {
         use crate::node::cluster::EvictOutcome::*;
@@ -248,6 +261,18 @@ impl Metrics {
             "nri_qos_kube_watch_lag_seconds",
             "Delay from the API server's last write of a pod to the watch event for it (latest event; includes clock skew).",
             float(k.lag_micros.load(Ordering::Relaxed) as f64 / 1e6),
+        );
+        counter(
+            o,
+            "nri_qos_kube_lists_total",
+            "Completed lists of this node's pods: the first, and each relist after a broken or expired watch.",
+            k.relists.load(Ordering::Relaxed),
+        );
+        counter(
+            o,
+            "nri_qos_kube_watch_expired_total",
+            "Watches the API server ended with 410 Gone (resource version too old); each is followed by a relist.",
+            k.expired.load(Ordering::Relaxed),
         );
         header(
             o,
@@ -425,6 +450,11 @@ fn gauge(o: &mut String, name: &str, help: &str, value: impl std::fmt::Display) 
     let _ = writeln!(o, "{name} {value}");
 }
 
+fn counter(o: &mut String, name: &str, help: &str, value: u64) {
+    header(o, name, "counter", help);
+    let _ = writeln!(o, "{name} {value}");
+}
+
 fn header(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {help}");
     let _ = writeln!(o, "# TYPE {name} {kind}");
@@ -497,7 +527,19 @@ mod tests {
         m.set_kube_connected(true);
         m.inc_kube_eviction(crate::node::cluster::EvictOutcome::RefusedByPdb);
         m.set_kube_watch_lag(Duration::from_millis(1500));
+        m.inc_kube_relist();
+        m.inc_kube_relist();
+        m.inc_kube_watch_expired();
         let text = m.render();
+        assert!(text.contains("nri_qos_kube_lists_total 2"), "{text}");
+        assert!(
+            text.contains("nri_qos_kube_watch_expired_total 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE nri_qos_kube_lists_total counter"),
+            "{text}"
+        );
         assert!(text.contains("nri_qos_kube_connected 1"), "{text}");
         assert!(
             text.contains("nri_qos_kube_evictions_total{outcome=\"refused_pdb\"} 1"),

@@ -20,7 +20,7 @@ use super::convert;
 use super::oom_fallback;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
-use super::reassembly::{Complete, SyncReassembler};
+use super::reassembly::{Complete, SyncReassembler, SYNC_BUDGET_BYTES};
 use crate::metrics::Metrics;
 use crate::node::cgroupfs::{self, read_protection, Owner, Protection, PAGE_SIZE};
 use crate::node::layout::{container_cgroup_dir, pod_cgroups};
@@ -116,6 +116,8 @@ pub struct QosPlugin {
     live: RwLock<LiveSettings>,
     runtime: Mutex<Option<RuntimeInfo>>,
     sync: Mutex<SyncReassembler>,
+    /// Bytes one Synchronize may hold while reassembled.
+    sync_budget: usize,
     registry: SharedRegistry,
     counters: Mutex<Counters>,
     configured: watch::Sender<bool>,
@@ -159,6 +161,7 @@ impl QosPlugin {
             settings,
             runtime: Mutex::new(None),
             sync: Mutex::new(SyncReassembler::default()),
+            sync_budget: SYNC_BUDGET_BYTES,
             registry: Arc::new(Mutex::new(Registry {
                 kubelet_memory_qos,
                 ..Registry::default()
@@ -178,6 +181,13 @@ impl QosPlugin {
     /// [`QosPlugin::apply_runtime_config`]).
     pub fn with_drop_in(mut self, layer: DropInLayer) -> Self {
         self.drop_in = Some(layer);
+        self
+    }
+
+    /// Bytes a chunked Synchronize may hold (`plugin.sync-budget-mib`).
+    pub fn with_sync_budget(mut self, bytes: usize) -> Self {
+        self.sync_budget = bytes;
+        *lock(&self.sync) = SyncReassembler::with_budget(bytes);
         self
     }
 
@@ -224,7 +234,7 @@ impl QosPlugin {
     /// runtime, which re-sends everything in Synchronize.
     pub fn reset_session(&self) {
         *lock(&self.runtime) = None;
-        *lock(&self.sync) = SyncReassembler::default();
+        *lock(&self.sync) = SyncReassembler::with_budget(self.sync_budget);
         self.configured.send_replace(false);
         self.synchronized.send_replace(false);
     }

@@ -57,11 +57,16 @@ pub struct SyncReassembler {
 
 impl Default for SyncReassembler {
     fn default() -> Self {
-        Self::new(SYNC_BUDGET_BYTES, SYNC_BUDGET_OBJECTS)
+        Self::with_budget(SYNC_BUDGET_BYTES)
     }
 }
 
 impl SyncReassembler {
+    /// `budget_bytes` of pods and containers, the usual object bound.
+    pub fn with_budget(budget_bytes: usize) -> Self {
+        Self::new(budget_bytes, SYNC_BUDGET_OBJECTS)
+    }
+
     pub fn new(budget_bytes: usize, budget_objects: usize) -> Self {
         SyncReassembler {
             budget_bytes,

@@ -922,6 +922,17 @@ fn throttle_psi_only_evicts_in_ranking_order() {
     assert_eq!(uid, "e-3");
     assert!(at >= ms(10_000), "{at:?}");
     assert!(killed(&e) && !killed(&b));
+    // The runtime has not removed the emptied cgroup yet and its PSI still
+    // reads high: the guard lets it go instead of deciding again each pass.
+    for cg in [e.clone(), e.join("app"), e.join("pause")] {
+        w(&cg.join("cgroup.events"), "populated 0\nfrozen 0\n");
+    }
+    for i in 1..=4u64 {
+        let r = m.step(&Wake::Tick, at + ms(i * 500));
+        assert!(r.killed.is_none(), "{r:?}");
+    }
+    assert!(!m.guard.is_tracked(&e.join("app")));
+    assert!(m.guard.is_tracked(&b.join("app")));
 }
 
 /// Critical pods are never throttle victims; dry-run relaxes nothing.

@@ -294,19 +294,22 @@ fn pod_record_from(id: &str, facts: qos::PodFacts) -> PodRecord {
 }
 
 /// Per pod id, the protection nri-qos itself would give the pod cgroup: the
-/// sum of its containers' memory.min/low under our policy, in whole pages.
+/// sum of its containers' memory.min/low under our policy, in whole pages,
+/// with the exact requests of `api_pods` where the plugin has them.
 pub fn own_pod_protection(
     containers: &[api::Container],
     pods: &HashMap<&str, &api::PodSandbox>,
     node: &NodeFacts,
     policy: &PolicyConfig,
+    api_pods: Option<&dyn ContainerRequests>,
 ) -> HashMap<String, Protection> {
     let mut sums = HashMap::new();
     for c in containers {
         let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
             continue;
         };
-        let facts = convert::container_from_wire(c);
+        let mut facts = convert::container_from_wire(c);
+        facts.api_memory_request = api_pods.and_then(|a| a.container_request(&pod.uid, &c.name));
         let d = decide_or_leave_alone(&convert::pod_from_wire(pod), &facts, node, policy);
         add_own_protection(&mut sums, &c.pod_sandbox_id, &facts, &d);
     }

@@ -80,6 +80,12 @@ pub fn read_container(
     class: QosClass,
 ) -> Option<Sample> {
     let name = cg.file_name()?.to_str()?;
+    // An emptied cgroup (killed, or exited and not yet removed by the
+    // runtime) can neither stall nor be relaxed: judging it would only
+    // repeat an eviction decision until the runtime removes it.
+    if stat::read_populated(cg).is_ok_and(|populated| !populated) {
+        return None;
+    }
     let high = stat::read_single(&cg.join("memory.high")).ok()?;
     let max = stat::read_single(&cg.join("memory.max")).ok()?;
     Some(Sample {

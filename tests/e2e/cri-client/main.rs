@@ -252,6 +252,11 @@ struct Scenario {
     /// what happens after every pod started (see steps.rs)
     #[serde(default)]
     steps: Vec<steps::Step>,
+    /// `api-server`: the plugin runs with the Kubernetes API source, so
+    /// explain predicts with the manifests' exact requests
+    /// (`nri-qos explain --request-source api-server`)
+    #[serde(default)]
+    request_source: Option<String>,
 }
 
 fn make_files(files: &BTreeMap<String, u64>, sparse: &BTreeMap<String, u64>) -> Result<()> {
@@ -794,8 +799,13 @@ async fn run_scenario(
     };
     let dir = path.parent().unwrap_or(Path::new("."));
     let mem_total = mem_total_bytes()? as u64;
+    let api_server = match scenario.request_source.as_deref() {
+        None | Some("runtime") => false,
+        Some("api-server") => true,
+        Some(other) => anyhow::bail!("{name}: request_source {other:?} (api-server or runtime)"),
+    };
     for pod in &mut scenario.pods {
-        let predicted = manifest::expand(pod, dir, mem_total)
+        let predicted = manifest::expand(pod, dir, mem_total, api_server)
             .with_context(|| format!("scenario {name}, pod {}", pod.name))?;
         if !expect_explain {
             continue;

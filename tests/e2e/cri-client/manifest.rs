@@ -49,10 +49,23 @@ fn load(path: &Path, name: &str, uid: &str) -> Result<String> {
     Ok(serde_norway::to_string(&v)?)
 }
 
-fn explain_file(path: &Path, name: &str, uid: &str, mem_total: u64) -> Result<(String, PodReport)> {
+fn explain_file(
+    path: &Path,
+    name: &str,
+    uid: &str,
+    mem_total: u64,
+    api_server: bool,
+) -> Result<(String, PodReport)> {
     let yaml = load(path, name, uid)?;
-    let report = explain::explain(&yaml, &node(mem_total), &PolicyConfig::default())
-        .with_context(|| format!("explaining {}", path.display()))?;
+    let kubelet = explain::KubeletMemoryQosSim::default();
+    let report = explain::explain_with(
+        &yaml,
+        &node(mem_total),
+        &PolicyConfig::default(),
+        &kubelet,
+        api_server,
+    )
+    .with_context(|| format!("explaining {}", path.display()))?;
     Ok((yaml, report))
 }
 
@@ -93,8 +106,14 @@ fn kubelet_resources(c: &ContainerReport, unified: &BTreeMap<String, String>) ->
 /// Replaces a manifest pod by the concrete pod the kubelet would run, and
 /// returns what explain predicts for its containers. Containers listed in the
 /// scenario under the same name keep their command, mounts, annotations,
-/// extra `unified` keys and `expect` overrides.
-pub fn expand(pod: &mut PodSpec, scenario_dir: &Path, mem_total: u64) -> Result<Expected> {
+/// extra `unified` keys and `expect` overrides. `api_server`: predicted for
+/// a plugin with the Kubernetes API source (exact requests).
+pub fn expand(
+    pod: &mut PodSpec,
+    scenario_dir: &Path,
+    mem_total: u64,
+    api_server: bool,
+) -> Result<Expected> {
     let Some(manifest) = pod.manifest.clone() else {
         return Ok(Expected::new());
     };
@@ -103,6 +122,7 @@ pub fn expand(pod: &mut PodSpec, scenario_dir: &Path, mem_total: u64) -> Result<
         &pod.name,
         &pod.uid,
         mem_total,
+        api_server,
     )?;
     let parsed = parse_pod(&yaml)?;
     let overrides: BTreeMap<String, ContainerSpec> = std::mem::take(&mut pod.containers)
@@ -131,7 +151,16 @@ pub fn expand(pod: &mut PodSpec, scenario_dir: &Path, mem_total: u64) -> Result<
     pod.cgroup_parent = report.cgroup_parent.clone();
 
     let resized = match &pod.resize_manifest {
-        Some(m) => Some(explain_file(&scenario_dir.join(m), &pod.name, &pod.uid, mem_total)?.1),
+        Some(m) => Some(
+            explain_file(
+                &scenario_dir.join(m),
+                &pod.name,
+                &pod.uid,
+                mem_total,
+                api_server,
+            )?
+            .1,
+        ),
         None => None,
     };
 
@@ -216,7 +245,7 @@ mod tests {
     #[test]
     fn a_manifest_becomes_the_kubelet_request_and_the_prediction() {
         let (dir, mut pod) = pod_from(BURSTABLE);
-        let expected = expand(&mut pod, dir.path(), 2_074_652_672).unwrap();
+        let expected = expand(&mut pod, dir.path(), 2_074_652_672, false).unwrap();
         assert_eq!(pod.name, "web");
         assert_eq!(pod.cgroup_parent, "/kubepods/burstable/pod2222");
         let names: Vec<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
@@ -247,7 +276,7 @@ mod tests {
             r#"{"name": "app", "unified": {"memory.min": "1"}, "expect": {"memory.min": "1"}}"#,
         )
         .unwrap()];
-        let expected = expand(&mut pod, dir.path(), 2_074_652_672).unwrap();
+        let expected = expand(&mut pod, dir.path(), 2_074_652_672, false).unwrap();
         assert_eq!(pod.cgroup_parent, "/kubepods/burstable/pod6666");
         assert_eq!(expected["kl-web/app"]["memory.min"], "1");
         assert_eq!(pod.containers[1].resources.unified["memory.min"], "1");
@@ -262,7 +291,7 @@ mod tests {
         )
         .unwrap();
         pod.resize_manifest = Some("r.yaml".into());
-        let err = expand(&mut pod, dir.path(), 2_074_652_672).unwrap_err();
+        let err = expand(&mut pod, dir.path(), 2_074_652_672, false).unwrap_err();
         assert!(format!("{err:#}").contains("memory request"), "{err:#}");
     }
 
@@ -275,7 +304,7 @@ mod tests {
         )
         .unwrap();
         pod.resize_manifest = Some("r.yaml".into());
-        let expected = expand(&mut pod, dir.path(), 2_074_652_672).unwrap();
+        let expected = expand(&mut pod, dir.path(), 2_074_652_672, false).unwrap();
         assert!(pod.containers[0].update.is_none());
         assert_eq!(
             pod.containers[1].update.as_ref().unwrap().memory_limit,

@@ -9,26 +9,25 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_trait::async_trait;
 use serde::Serialize;
 use thiserror::Error;
-use tokio::sync::oneshot;
-use ttrpc::r#async::TtrpcContext;
 
 use crate::cgroup::plan::{self, PodProtection};
 use crate::cgroup::HierarchyConfig;
 use crate::node::cgroupfs::{exceeds, read_protection, read_trimmed, relaxed_in_tree, Owner};
 use crate::node::layout::{container_cgroup_dir, pod_cgroups};
+use crate::node::registry::{ContainerRequests, RequestSource};
 use crate::nri::convert;
-use crate::nri::proto::{api, api_ttrpc};
-use crate::nri::reassembly::SyncReassembler;
-use crate::nri::session::{self, Identity, SessionError};
+use crate::nri::proto::api;
+use crate::nri::session::SessionError;
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
+mod collect;
+
 pub use crate::nri::reassembly::Snapshot;
+pub use collect::collect;
 
 #[derive(Debug, Error)]
 pub enum AuditError {
@@ -42,102 +41,6 @@ pub enum AuditError {
     Session(#[from] SessionError),
     #[error("the runtime did not synchronize within {0:?}")]
     Timeout(Duration),
-}
-
-struct SnapshotPlugin {
-    partial: Mutex<SyncReassembler>,
-    runtime: Mutex<String>,
-    done: Mutex<Option<oneshot::Sender<Snapshot>>>,
-}
-
-#[async_trait]
-impl api_ttrpc::Plugin for SnapshotPlugin {
-    async fn configure(
-        &self,
-        _ctx: &TtrpcContext,
-        req: api::ConfigureRequest,
-    ) -> ttrpc::Result<api::ConfigureResponse> {
-        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = req.runtime_name;
-        // 0 would mean "every event"; subscribe to one harmless event instead.
-        Ok(api::ConfigureResponse {
-            events: 1 << (api::Event::REMOVE_POD_SANDBOX as i32 - 1),
-            ..Default::default()
-        })
-    }
-
-    async fn synchronize(
-        &self,
-        ctx: &TtrpcContext,
-        req: api::SynchronizeRequest,
-    ) -> ttrpc::Result<api::SynchronizeResponse> {
-        let more = req.more;
-        let timeout = crate::nri::plugin::request_timeout(ctx);
-        let whole = self.partial.lock().unwrap_or_else(|e| e.into_inner()).push(
-            req,
-            timeout,
-            Instant::now(),
-        );
-        if let Some(whole) = whole {
-            if let Some(tx) = self.done.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                let _ = tx.send(whole.snapshot);
-            }
-        }
-        Ok(api::SynchronizeResponse {
-            more,
-            ..Default::default()
-        })
-    }
-
-    async fn state_change(
-        &self,
-        _ctx: &TtrpcContext,
-        _req: api::StateChangeEvent,
-    ) -> ttrpc::Result<api::Empty> {
-        Ok(api::Empty::new())
-    }
-}
-
-/// Takes one Synchronize from the runtime at `socket`.
-pub async fn collect(socket: &Path, limit: Duration) -> Result<Snapshot, AuditError> {
-    let trunk = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(|source| AuditError::Connect {
-            path: socket.to_path_buf(),
-            source,
-        })?;
-    let (tx, rx) = oneshot::channel();
-    let plugin = Arc::new(SnapshotPlugin {
-        partial: Mutex::new(SyncReassembler::default()),
-        runtime: Mutex::new(String::new()),
-        done: Mutex::new(Some(tx)),
-    });
-    let identity = Identity {
-        name: "nri-qos-audit".into(),
-        index: "99".into(),
-    };
-    let mut session = Box::pin(session::serve(
-        trunk,
-        api_ttrpc::create_plugin(plugin.clone()),
-        &identity,
-        async { true },
-    ));
-    let mut snap = tokio::select! {
-        snap = rx => snap.map_err(|_| AuditError::Timeout(limit))?,
-        end = &mut session => return Err(AuditError::Session(end)),
-        _ = tokio::time::sleep(limit) => return Err(AuditError::Timeout(limit)),
-    };
-    // Let our Synchronize answer reach the runtime before hanging up, so it
-    // does not wait out its request timeout while holding its NRI lock.
-    tokio::select! {
-        _ = &mut session => {}
-        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-    }
-    snap.runtime = plugin
-        .runtime
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
-    Ok(snap)
 }
 
 /// One value compared.
@@ -163,6 +66,13 @@ pub struct Subject {
     pub name: String,
     pub class: Option<QosClass>,
     pub cgroup: String,
+    /// A container's memory request as the policy took it, and where it
+    /// came from (`api-server` when audit listed the pod from the API
+    /// server); none for hierarchy levels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_request: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_source: Option<RequestSource>,
     pub checks: Vec<Check>,
 }
 
@@ -173,6 +83,10 @@ pub struct AuditReport {
     pub hierarchy: Vec<Subject>,
     /// Containers or cgroups we could not check, and why.
     pub skipped: Vec<String>,
+    /// What the API server added: the pods listed and matched, or why
+    /// the requests come from the runtime's values alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_server: Option<String>,
     pub drift: usize,
 }
 
@@ -204,6 +118,8 @@ fn owned(mut c: Check, owner: Owner) -> Check {
 }
 
 /// Compares policy and kernel for every container and kubelet-owned cgroup.
+/// `api_pods`: the exact requests of the pods listed from the API server
+/// (by the runtime's pod UID), which the plugin's policy takes too.
 pub fn audit(
     snap: &Snapshot,
     node: &NodeFacts,
@@ -211,6 +127,7 @@ pub fn audit(
     hierarchy: &HierarchyConfig,
     cgroup_root: &Path,
     proc_root: &Path,
+    api_pods: Option<&dyn ContainerRequests>,
 ) -> AuditReport {
     let mut report = AuditReport::default();
     let forgets_resizes = crate::nri::plugin::forgets_resizes(&snap.runtime);
@@ -220,7 +137,8 @@ pub fn audit(
     // its keys on a container, the operator's setting, or a pod cgroup
     // holding more protection than our policy would give it.
     let auto = policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto;
-    let ours = crate::nri::plugin::own_pod_protection(&snap.containers, &pods, node, policy);
+    let ours =
+        crate::nri::plugin::own_pod_protection(&snap.containers, &pods, node, policy, api_pods);
     let mut kubelet_pods: HashMap<&str, bool> = HashMap::new();
     for p in &snap.pods {
         let on_disk = pod_cgroups(&p.linux.cgroup_parent)
@@ -252,6 +170,8 @@ pub fn audit(
         let kubelet_pod = kubelet_pods.get(pod.id.as_str()).copied().unwrap_or(false);
         pod_facts.kubelet_memory_qos = kubelet_pod;
         let mut facts = convert::container_from_wire(c);
+        facts.api_memory_request =
+            api_pods.and_then(|a| a.container_request(&pod_facts.uid, &facts.name));
         // What the plugin decided from after a resize the runtime forgot;
         // elsewhere a memory.max or cpu.max unlike the report is drift.
         if let Some(r) = forgets_resizes
@@ -364,6 +284,8 @@ pub fn audit(
             name,
             class: Some(d.class),
             cgroup: rel.display().to_string(),
+            memory_request: d.memory_request,
+            request_source: Some(d.request_source),
             checks,
         });
     }
@@ -434,6 +356,8 @@ pub fn audit(
                 name: cg.display().to_string(),
                 class: classes.get(&cg).copied(),
                 cgroup: cg.display().to_string(),
+                memory_request: None,
+                request_source: None,
                 checks,
             });
         }
@@ -447,6 +371,7 @@ pub fn render_table(r: &AuditReport) -> String {
     let mut rows = vec![[
         "SUBJECT".to_string(),
         "CLASS".into(),
+        "REQUEST-SOURCE".into(),
         "KEY".into(),
         "OWNER".into(),
         "EXPECTED".into(),
@@ -459,6 +384,9 @@ pub fn render_table(r: &AuditReport) -> String {
                 s.name.clone(),
                 s.class
                     .map(|c| format!("{c:?}"))
+                    .unwrap_or_else(|| "-".into()),
+                s.request_source
+                    .map(|r| r.to_string())
                     .unwrap_or_else(|| "-".into()),
                 c.key.clone(),
                 c.owner.label().to_string(),
@@ -473,6 +401,9 @@ pub fn render_table(r: &AuditReport) -> String {
     out.push_str(&crate::table::aligned(&rows));
     for s in &r.skipped {
         out.push_str(&format!("skipped: {s}\n"));
+    }
+    if let Some(a) = &r.api_server {
+        out.push_str(&format!("api-server: {a}\n"));
     }
     out.push_str(&format!(
         "{} containers, {} hierarchy cgroups, {} drifting values\n",

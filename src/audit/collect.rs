@@ -1,0 +1,116 @@
+//! Taking the runtime's view: audit registers as a second, short-lived NRI
+//! plugin, takes one Synchronize and disconnects.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+use ttrpc::r#async::TtrpcContext;
+
+use super::{AuditError, Snapshot};
+use crate::nri::proto::{api, api_ttrpc};
+use crate::nri::reassembly::SyncReassembler;
+use crate::nri::session::{self, Identity};
+
+struct SnapshotPlugin {
+    partial: Mutex<SyncReassembler>,
+    runtime: Mutex<String>,
+    done: Mutex<Option<oneshot::Sender<Snapshot>>>,
+}
+
+#[async_trait]
+impl api_ttrpc::Plugin for SnapshotPlugin {
+    async fn configure(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ConfigureRequest,
+    ) -> ttrpc::Result<api::ConfigureResponse> {
+        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = req.runtime_name;
+        // 0 would mean "every event"; subscribe to one harmless event instead.
+        Ok(api::ConfigureResponse {
+            events: 1 << (api::Event::REMOVE_POD_SANDBOX as i32 - 1),
+            ..Default::default()
+        })
+    }
+
+    async fn synchronize(
+        &self,
+        ctx: &TtrpcContext,
+        req: api::SynchronizeRequest,
+    ) -> ttrpc::Result<api::SynchronizeResponse> {
+        let more = req.more;
+        let timeout = crate::nri::plugin::request_timeout(ctx);
+        let whole = self.partial.lock().unwrap_or_else(|e| e.into_inner()).push(
+            req,
+            timeout,
+            Instant::now(),
+        );
+        if let Some(whole) = whole {
+            if let Some(tx) = self.done.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = tx.send(whole.snapshot);
+            }
+        }
+        Ok(api::SynchronizeResponse {
+            more,
+            ..Default::default()
+        })
+    }
+
+    async fn state_change(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::StateChangeEvent,
+    ) -> ttrpc::Result<api::Empty> {
+        Ok(api::Empty::new())
+    }
+}
+
+/// Takes one Synchronize from the runtime at `socket`.
+/// `sync_budget` bounds the bytes its chunks may hold, as in the plugin.
+pub async fn collect(
+    socket: &Path,
+    limit: Duration,
+    sync_budget: usize,
+) -> Result<Snapshot, AuditError> {
+    let trunk = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|source| AuditError::Connect {
+            path: socket.to_path_buf(),
+            source,
+        })?;
+    let (tx, rx) = oneshot::channel();
+    let plugin = Arc::new(SnapshotPlugin {
+        partial: Mutex::new(SyncReassembler::with_budget(sync_budget)),
+        runtime: Mutex::new(String::new()),
+        done: Mutex::new(Some(tx)),
+    });
+    let identity = Identity {
+        name: "nri-qos-audit".into(),
+        index: "99".into(),
+    };
+    let mut session = Box::pin(session::serve(
+        trunk,
+        api_ttrpc::create_plugin(plugin.clone()),
+        &identity,
+        async { true },
+    ));
+    let mut snap = tokio::select! {
+        snap = rx => snap.map_err(|_| AuditError::Timeout(limit))?,
+        end = &mut session => return Err(AuditError::Session(end)),
+        _ = tokio::time::sleep(limit) => return Err(AuditError::Timeout(limit)),
+    };
+    // Let our Synchronize answer reach the runtime before hanging up, so it
+    // does not wait out its request timeout while holding its NRI lock.
+    tokio::select! {
+        _ = &mut session => {}
+        _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+    }
+    snap.runtime = plugin
+        .runtime
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    Ok(snap)
+}
