@@ -1,10 +1,12 @@
 //! A build without the Kubernetes API client (cargo feature `kube` off):
-//! the source cannot start, so no [`Kube`] value ever exists and the plugin
-//! and monitor run on the runtime's facts, as with the source off.
+//! the source cannot start, so no [`Kube`] value ever exists and the plugin,
+//! the monitor and `nri-qos audit` run on the runtime's facts, as with the
+//! source off.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::facts::PodFacts;
 use super::store::PodStore;
 use super::{Credentials, KubeError};
 use crate::metrics::Metrics;
@@ -29,6 +31,16 @@ impl Kube {
     pub fn store(&self) -> Arc<PodStore> {
         match *self {}
     }
+}
+
+/// Always [`KubeError::NotBuilt`] (`nri-qos audit` notes it and uses the
+/// runtime's values).
+pub async fn list_node_pods(
+    _credentials: &Credentials,
+    _node_name: &str,
+    _limit: Duration,
+) -> Result<Vec<PodFacts>, KubeError> {
+    Err(KubeError::NotBuilt)
 }
 
 impl ClusterEvictions for Kube {

@@ -15,6 +15,7 @@ mod client;
 #[path = "client_off.rs"]
 mod client;
 pub mod facts;
+#[cfg(feature = "kube")]
 mod list;
 pub mod messages;
 pub mod store;
@@ -25,8 +26,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+#[cfg(not(feature = "kube"))]
+pub use client::list_node_pods;
 pub use client::Kube;
 pub use facts::PodFacts;
+#[cfg(feature = "kube")]
 pub use list::list_node_pods;
 pub use store::PodStore;
 
