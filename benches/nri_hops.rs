@@ -180,6 +180,15 @@ fn stage<T>(name: &str, n: u32, mut f: impl FnMut() -> T) {
     );
 }
 
+/// A temp cgroup root that says v2, the node `nri_roundtrip` gives the
+/// plugin: the host's own tree may be v1 or hybrid, where the policy takes a
+/// shorter path (no unified keys) and the split would undercount.
+fn v2_cgroup_root() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("cgroup.controllers"), "cpu memory\n").unwrap();
+    root
+}
+
 fn in_process_stages() {
     let req = create_request();
     let payload = req.write_to_bytes().unwrap();
@@ -192,15 +201,11 @@ fn in_process_stages() {
     }
     .write_to_bytes()
     .unwrap();
-    let cgroup_root = tempfile::tempdir().unwrap();
+    let cgroup_root = v2_cgroup_root();
     let plugin = nri_qos::nri::QosPlugin::new(nri_qos::nri::PluginSettings {
         policy: Default::default(),
-        node: nri_qos::node::read_node_facts(
-            std::path::Path::new("/proc"),
-            std::path::Path::new("/sys/fs/cgroup"),
-            0,
-        )
-        .expect("node facts"),
+        node: nri_qos::node::read_node_facts(std::path::Path::new("/proc"), cgroup_root.path(), 0)
+            .expect("node facts"),
         dry_run: false,
         adjust_existing: false,
         proc_root: "/proc".into(),
@@ -361,6 +366,11 @@ fn main() {
             .unwrap_or(256);
         return echo_child(&path, reply);
     }
+    // The plugin processes (the soak's too) decide on the same v2 node,
+    // keeper off (they only answer the runtime), as in `nri_roundtrip`.
+    let fake_cgroup = v2_cgroup_root();
+    std::env::set_var("NRI_QOS_NODE_CGROUP_ROOT", fake_cgroup.path());
+    std::env::set_var("NRI_QOS_HIERARCHY_ENABLED", "false");
     if let Some(calls) = std::env::var("NRI_HOPS_SOAK")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -38,7 +38,7 @@ fn expected_adjustment(
         &node(),
         &Default::default(),
     );
-    convert::adjustment_to_wire(&d.adjustment, with_oom)
+    convert::adjustment_to_wire(d.adjustment, with_oom)
 }
 
 #[tokio::test]

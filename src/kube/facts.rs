@@ -2,6 +2,7 @@
 //! watch delivers the pod: memory stays bounded by the node's pod count and
 //! the hooks read a ready answer.
 
+#[cfg(feature = "kube")]
 use k8s_openapi::api::core::v1::Pod as ApiObject;
 
 use crate::node::registry::{PodInfo, RequestSource};
@@ -71,6 +72,7 @@ impl PodFacts {
 
 /// Reduces an API object. The requests go through the same manifest
 /// reading `nri-qos explain` uses, so one piece of code knows the rules.
+#[cfg(feature = "kube")]
 pub fn from_api(obj: &ApiObject) -> Result<PodFacts, ManifestError> {
     let value = serde_json::to_value(obj).map_err(ManifestError::Json)?;
     let pod: Pod = serde_path_to_error::deserialize(value).map_err(|e| ManifestError::Field {

@@ -9,8 +9,13 @@
 //! runs on a thread and runtime of its own: the NRI hooks and the monitor
 //! read the [`PodStore`] snapshot and never wait for the network.
 
+#[cfg(feature = "kube")]
+mod client;
+#[cfg(not(feature = "kube"))]
+#[path = "client_off.rs"]
 mod client;
 pub mod facts;
+#[cfg(feature = "kube")]
 mod list;
 pub mod messages;
 pub mod store;
@@ -21,8 +26,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+#[cfg(not(feature = "kube"))]
+pub use client::list_node_pods;
 pub use client::Kube;
 pub use facts::PodFacts;
+#[cfg(feature = "kube")]
 pub use list::list_node_pods;
 pub use store::PodStore;
 
@@ -62,16 +70,22 @@ pub enum KubeError {
     NodeName(String),
     #[error("kubernetes.kubeconfig is set but empty")]
     EmptyKubeconfig,
+    #[cfg(feature = "kube")]
     #[error("kubeconfig {path}: {source}")]
     Kubeconfig {
         path: PathBuf,
         #[source]
         source: kube::config::KubeconfigError,
     },
+    #[cfg(feature = "kube")]
     #[error("in-cluster service account: {0}")]
     InCluster(#[source] kube::config::InClusterError),
+    #[cfg(feature = "kube")]
     #[error("kubernetes client: {0}")]
     Client(#[source] kube::Error),
+    #[cfg(not(feature = "kube"))]
+    #[error("the API source is configured, but this build has no Kubernetes API client (cargo feature `kube`)")]
+    NotBuilt,
     /// The API source's own runtime or thread could not start.
     #[error("kubernetes client: {what}: {source}")]
     Start {

@@ -60,6 +60,26 @@ pub struct PodCgroups {
 /// Parses a CRI cgroup parent of either driver. Returns `None` for layouts
 /// that are not the kubelet's (crictl with a custom parent, other tools).
 pub fn pod_cgroups(cgroup_parent: &str) -> Option<PodCgroups> {
+    let p = parse(cgroup_parent)?;
+    Some(pod_cgroups_below(p.driver, p.qos, p.pod))
+}
+
+/// The QoS class the kubelet's cgroup parent says, as [`pod_cgroups`]
+/// would give it, without building the paths (the hooks ask per container).
+pub fn pod_class(cgroup_parent: &str) -> Option<QosClass> {
+    parse(cgroup_parent).map(|p| class_of(p.qos))
+}
+
+/// A kubelet cgroup parent taken apart: the driver, the QoS level's name
+/// (`burstable`/`besteffort`, none for Guaranteed) and the pod's cgroup
+/// name (`pod<uid>`, or the pod's slice with systemd).
+struct Parsed<'a> {
+    driver: Driver,
+    qos: Option<&'a str>,
+    pod: &'a str,
+}
+
+fn parse(cgroup_parent: &str) -> Option<Parsed<'_>> {
     let trimmed = cgroup_parent.trim_matches('/');
     if trimmed.is_empty() {
         return None;
@@ -106,18 +126,24 @@ fn pod_cgroups_below(driver: Driver, qos: Option<&str>, pod: &str) -> PodCgroups
 }
 
 /// `/kubepods[/burstable|/besteffort]/pod<uid>`.
-fn cgroupfs(path: &str) -> Option<PodCgroups> {
-    let parts: Vec<&str> = path.split('/').collect();
-    let (qos, pod) = match parts.as_slice() {
-        ["kubepods", pod] => (None, *pod),
-        ["kubepods", q @ ("burstable" | "besteffort"), pod] => (Some(*q), *pod),
+fn cgroupfs(path: &str) -> Option<Parsed<'_>> {
+    let mut parts = path.split('/');
+    let (qos, pod) = match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("kubepods"), Some(pod), None, None) => (None, pod),
+        (Some("kubepods"), Some(q @ ("burstable" | "besteffort")), Some(pod), None) => {
+            (Some(q), pod)
+        }
         _ => return None,
     };
-    valid_pod_name(pod).then(|| pod_cgroups_below(Driver::Cgroupfs, qos, pod))
+    valid_pod_name(pod).then_some(Parsed {
+        driver: Driver::Cgroupfs,
+        qos,
+        pod,
+    })
 }
 
 /// `kubepods[-burstable|-besteffort]-pod<uid_>.slice`.
-fn systemd(slice: &str) -> Option<PodCgroups> {
+fn systemd(slice: &str) -> Option<Parsed<'_>> {
     let name = slice.strip_suffix(".slice")?;
     let (qos, pod) = if let Some(rest) = name.strip_prefix("kubepods-burstable-") {
         (Some("burstable"), rest)
@@ -128,8 +154,11 @@ fn systemd(slice: &str) -> Option<PodCgroups> {
     } else {
         return None;
     };
-    (valid_pod_name(pod) && !pod.contains('-'))
-        .then(|| pod_cgroups_below(Driver::Systemd, qos, slice))
+    (valid_pod_name(pod) && !pod.contains('-')).then_some(Parsed {
+        driver: Driver::Systemd,
+        qos,
+        pod: slice,
+    })
 }
 
 /// The cgroup parent the kubelet gives a pod sandbox of `class` (a slice

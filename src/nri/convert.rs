@@ -74,7 +74,8 @@ pub fn container_from_wire(c: &api::Container) -> ContainerFacts {
 }
 
 /// The resource part of an adjustment, or `None` when it sets nothing.
-pub fn resources_to_wire(adj: &Adjustment) -> Option<api::LinuxResources> {
+/// Takes the adjustment: its unified strings move into the message.
+pub fn resources_to_wire(adj: Adjustment) -> Option<api::LinuxResources> {
     let mut r = api::LinuxResources::new();
     let mut cpu = api::LinuxCPU::new();
     let mut any_cpu = false;
@@ -110,11 +111,7 @@ pub fn resources_to_wire(adj: &Adjustment) -> Option<api::LinuxResources> {
         });
         r.memory = MessageField::some(mem);
     }
-    r.unified = adj
-        .unified
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    r.unified = adj.unified.into_iter().collect();
     if r.cpu.is_none() && r.memory.is_none() && r.unified.is_empty() {
         None
     } else {
@@ -124,14 +121,15 @@ pub fn resources_to_wire(adj: &Adjustment) -> Option<api::LinuxResources> {
 
 /// The ContainerAdjustment for CreateContainer. `with_oom` is false for
 /// runtimes that would drop the field anyway (NRI v0.6.1).
-pub fn adjustment_to_wire(adj: &Adjustment, with_oom: bool) -> api::ContainerAdjustment {
+pub fn adjustment_to_wire(adj: Adjustment, with_oom: bool) -> api::ContainerAdjustment {
     let mut linux = api::LinuxContainerAdjustment::new();
     let mut any = false;
+    let oom_score_adj = adj.oom_score_adj;
     if let Some(r) = resources_to_wire(adj) {
         linux.resources = MessageField::some(r);
         any = true;
     }
-    if let (true, Some(v)) = (with_oom, adj.oom_score_adj) {
+    if let (true, Some(v)) = (with_oom, oom_score_adj) {
         linux.oom_score_adj = MessageField::some(api::OptionalInt {
             value: v,
             ..Default::default()
@@ -149,7 +147,7 @@ pub fn adjustment_to_wire(adj: &Adjustment, with_oom: bool) -> api::ContainerAdj
 /// nothing to update through the runtime.
 pub fn update_to_wire(
     container_id: &str,
-    adj: &Adjustment,
+    adj: Adjustment,
     ignore_failure: bool,
 ) -> Option<api::ContainerUpdate> {
     let resources = resources_to_wire(adj)?;
@@ -198,9 +196,9 @@ mod tests {
 
     #[test]
     fn empty_adjustment_sets_nothing() {
-        let adj = adjustment_to_wire(&Adjustment::default(), true);
+        let adj = adjustment_to_wire(Adjustment::default(), true);
         assert!(adj.linux.is_none());
-        assert!(update_to_wire("c1", &Adjustment::default(), true).is_none());
+        assert!(update_to_wire("c1", Adjustment::default(), true).is_none());
     }
 
     #[test]
@@ -209,8 +207,8 @@ mod tests {
             oom_score_adj: Some(-997),
             ..Default::default()
         };
-        assert!(adjustment_to_wire(&adj, false).linux.is_none());
-        let wire = adjustment_to_wire(&adj, true);
+        assert!(adjustment_to_wire(adj.clone(), false).linux.is_none());
+        let wire = adjustment_to_wire(adj, true);
         assert_eq!(wire.linux.oom_score_adj.value, -997);
     }
 
@@ -226,7 +224,7 @@ mod tests {
             unified: unified.clone(),
             oom_score_adj: None,
         };
-        let wire = resources_to_wire(&adj).unwrap();
+        let wire = resources_to_wire(adj).unwrap();
         let back = resources_from_wire(&wire);
         assert_eq!(back.cpu_shares, Some(1024));
         assert_eq!(back.cpu_quota, Some(50_000));

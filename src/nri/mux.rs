@@ -174,7 +174,9 @@ async fn pump_incoming(
                 if let Err(e) = answers.write_to(&out).await {
                     return e;
                 }
-                requests.shrink();
+                if requests.shrink() {
+                    release_freed_memory();
+                }
             }
             RUNTIME_SERVICE_CONN => {
                 // Blocks (and so stops reading the trunk) while the client is
@@ -297,15 +299,18 @@ impl MessageReader {
         Some(Incoming::Message(header, &self.buf[body]))
     }
 
-    /// Gives back the memory of one large message once it is handled.
-    fn shrink(&mut self) {
+    /// Gives back the memory of one large message once it is handled;
+    /// true when there was one.
+    fn shrink(&mut self) -> bool {
         if self.start == self.buf.len() {
             self.buf.clear();
             self.start = 0;
             if self.buf.capacity() > KEEP_BUFFER {
                 self.buf = Vec::new();
+                return true;
             }
         }
+        false
     }
 }
 
@@ -365,6 +370,19 @@ impl Answers {
             context: "writing an answer",
             source,
         })
+    }
+}
+
+/// A large message (a node-sized Synchronize) decodes into megabytes that
+/// are garbage once it is answered; glibc keeps such freed memory mapped
+/// unless asked to give it back. Asked here, after the answer is written
+/// and every copy of the message (ours, the decoded request, the response)
+/// is gone, not in the handler, where they were all still held.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

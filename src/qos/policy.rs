@@ -13,7 +13,7 @@ use super::quantity;
 use super::{
     Adjustment, ContainerFacts, Decision, NodeFacts, PodFacts, QosClass, RequestSource, Resources,
 };
-use crate::node::layout::pod_cgroups;
+use crate::node::layout::pod_class;
 
 /// Pod annotation with an explicit memory request for every container of the
 /// pod without its own (a Kubernetes quantity, e.g. `256Mi`).
@@ -144,9 +144,9 @@ pub fn class_from_resources(r: &Resources) -> (QosClass, &'static str) {
 
 /// The pod's class and why.
 pub fn classify(pod: &PodFacts, container: &ContainerFacts) -> (QosClass, String) {
-    if let Some(cg) = pod_cgroups(&pod.cgroup_parent) {
+    if let Some(class) = pod_class(&pod.cgroup_parent) {
         return (
-            cg.class,
+            class,
             format!("kubelet cgroup parent {}", pod.cgroup_parent),
         );
     }
@@ -213,7 +213,7 @@ pub fn memory_request(
         },
         // Only the kubelet computes oom_score_adj from the request; a value
         // from another client (crictl) says nothing about it.
-        QosClass::Burstable if pod_cgroups(&pod.cgroup_parent).is_none() => {
+        QosClass::Burstable if pod_class(&pod.cgroup_parent).is_none() => {
             (None, RequestSource::Unknown)
         }
         QosClass::Burstable => match container

@@ -3,16 +3,6 @@
 use super::record::pod_record;
 use super::*;
 
-/// A node-sized Synchronize decodes megabytes that are garbage right after;
-/// glibc keeps such freed memory mapped unless asked to give it back.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only walks the allocator's own free lists.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 fn unimplemented<T>(method: &str) -> ttrpc::Result<T> {
     // UNIMPLEMENTED (not codegen's NOT_FOUND) makes NRI v0.12 runtimes fall
     // back to StateChange, the path every runtime version has.
@@ -85,7 +75,6 @@ impl Plugin for QosPlugin {
             });
         };
         let update = self.finish_sync(whole);
-        release_freed_memory();
         self.synchronized.send_replace(true);
         Ok(api::SynchronizeResponse {
             update,
@@ -121,7 +110,7 @@ impl Plugin for QosPlugin {
             self.record(decision.class, "applied", started);
         }
         resp.adjust = protobuf::MessageField::some(convert::adjustment_to_wire(
-            &decision.adjustment,
+            decision.adjustment,
             self.applies_oom_score_adj(),
         ));
         Ok(resp)
@@ -151,7 +140,7 @@ impl Plugin for QosPlugin {
                 adj.unified.entry(k).or_insert(v);
             }
         }
-        if let Some(u) = convert::update_to_wire(&req.container.id, &adj, false) {
+        if let Some(u) = convert::update_to_wire(&req.container.id, adj, false) {
             lock(&self.counters).updated += 1;
             resp.update.push(u);
         }

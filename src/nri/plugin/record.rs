@@ -24,10 +24,17 @@ impl QosPlugin {
         let policy = self.live().policy;
         pod_facts.kubelet_memory_qos = self.kubelet_owns_pod(&pod.id, &pod_facts, &policy);
         let decision = decide_or_leave_alone(&pod_facts, &facts, &self.settings.node, &policy);
-        let record = container_record(pod, &pod_facts, container, &facts, &decision, started);
+        let record = container_record(pod, &pod_facts, container, facts, &decision, started);
+        let pod_record = pod_record_from(&pod.id, pod_facts);
         let mut reg = lock(&self.registry);
-        reg.pods
-            .insert(pod.id.clone(), pod_record(&pod.id, &pod_facts));
+        // Most creates are of a pod already known: replace its record in
+        // place rather than allocate its key again.
+        match reg.pods.get_mut(&pod.id) {
+            Some(known) => *known = pod_record,
+            None => {
+                reg.pods.insert(pod.id.clone(), pod_record);
+            }
+        }
         reg.containers.insert(container.id.clone(), record);
         drop(reg);
         self.notify_changed();
@@ -230,7 +237,7 @@ impl QosPlugin {
             }
             facts.api_memory_request = api_request;
             let decision = decide_or_leave_alone(pod_facts, &facts, node, policy);
-            let record = container_record(pod, pod_facts, c, &facts, &decision, started);
+            let record = container_record(pod, pod_facts, c, facts, &decision, started);
             new_containers.insert(c.id.clone(), record);
             if described_twice.contains(&pod.id.as_str()) {
                 new_pods.insert(pod.id.clone(), pod_record(&pod.id, pod_facts));
@@ -246,7 +253,7 @@ impl QosPlugin {
             self.keep_relaxed_high(c, &mut adjustment);
             // oom_score_adj cannot travel in an update; the runtime applies
             // the rest through UpdateContainerResources.
-            if let Some(u) = convert::update_to_wire(&c.id, &adjustment, true) {
+            if let Some(u) = convert::update_to_wire(&c.id, adjustment, true) {
                 updates.push(u);
             }
         }
@@ -284,6 +291,17 @@ pub(super) fn pod_record(id: &str, facts: &qos::PodFacts) -> PodRecord {
         namespace: facts.namespace.clone(),
         name: facts.name.clone(),
         cgroup_parent: facts.cgroup_parent.clone(),
+    }
+}
+
+/// [`pod_record`] from facts no longer needed: their strings move.
+fn pod_record_from(id: &str, facts: qos::PodFacts) -> PodRecord {
+    PodRecord {
+        id: id.to_string(),
+        uid: facts.uid,
+        namespace: facts.namespace,
+        name: facts.name,
+        cgroup_parent: facts.cgroup_parent,
     }
 }
 
@@ -338,12 +356,12 @@ fn whole_pages(mut sums: HashMap<String, Protection>) -> HashMap<String, Protect
 }
 
 /// Logs the policy's decision for a container and returns what the
-/// registry keeps of it.
+/// registry keeps of it (the facts' strings move into it).
 fn container_record(
     pod: &api::PodSandbox,
     pod_facts: &qos::PodFacts,
     container: &api::Container,
-    facts: &qos::ContainerFacts,
+    facts: qos::ContainerFacts,
     decision: &qos::Decision,
     started: Instant,
 ) -> ContainerRecord {
@@ -377,7 +395,7 @@ fn container_record(
         } else {
             container.pod_sandbox_id.clone()
         },
-        name: container.name.clone(),
+        name: facts.name,
         class: decision.class,
         memory_request: decision.memory_request,
         request_source: decision.request_source,
@@ -387,7 +405,7 @@ fn container_record(
         kubelet_memory_qos: pod_facts.kubelet_memory_qos
             || qos::policy::kubelet_memory_qos_keys(&facts.resources),
         oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
-        cgroups_path: facts.cgroups_path.clone(),
+        cgroups_path: facts.cgroups_path,
     }
 }
 
