@@ -55,7 +55,7 @@ pub use measure::{
     cgroup_working_set, derive_request, measure, measure_node, NodeMemory, POD_USAGE_SOURCE,
     WS_MEMINFO, WS_ROOT_STAT,
 };
-pub use runner::{drive_with, run, run_in_plugin, run_with, run_with_cluster, run_with_metrics};
+pub use runner::{drive_with, run, run_in_plugin, run_with};
 
 use crate::node::cluster;
 use crate::node::registry::PodRegistry;

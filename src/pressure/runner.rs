@@ -15,48 +15,27 @@ use crate::node::cluster;
 use crate::node::registry::PodRegistry;
 use crate::node::relax::Relaxer;
 
-/// Runs the monitor until the future is dropped. Entry point for both the
-/// `nri-qos monitor` subcommand and the plugin process.
+/// Runs the monitor alone (`nri-qos monitor`) until the future is dropped:
+/// no metrics, no API server, memory.high relaxed through the cgroup file.
 pub async fn run(
     cfg: MonitorConfig,
     paths: Paths,
     pods: Arc<dyn PodRegistry>,
 ) -> Result<(), MonitorError> {
-    run_with_metrics(cfg, paths, pods, None).await
-}
-
-/// `run`, publishing evictions and PSI to the metrics endpoint.
-pub async fn run_with_metrics(
-    cfg: MonitorConfig,
-    paths: Paths,
-    pods: Arc<dyn PodRegistry>,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-) -> Result<(), MonitorError> {
-    run_with_cluster(cfg, paths, pods, metrics, None).await
-}
-
-/// `run_with_metrics`, also evicting through the API server when `cluster`
-/// is given.
-pub async fn run_with_cluster(
-    cfg: MonitorConfig,
-    paths: Paths,
-    pods: Arc<dyn PodRegistry>,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
-) -> Result<(), MonitorError> {
     run_in_plugin(
         cfg,
         paths,
         pods,
-        metrics,
-        cluster,
+        None,
+        None,
         Arc::new(throttle::FileRelaxer),
     )
     .await
 }
 
-/// `run_with_cluster`, relaxing memory.high through `relaxer` (the
-/// plugin's NRI session).
+/// The monitor in the plugin's process: publishing evictions and PSI to
+/// `metrics`, evicting through the API server when `cluster` is given, and
+/// relaxing memory.high through `relaxer` (the plugin's chosen route).
 pub async fn run_in_plugin(
     cfg: MonitorConfig,
     paths: Paths,
