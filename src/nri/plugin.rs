@@ -20,7 +20,7 @@ use super::convert;
 use super::oom_fallback;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
-use super::reassembly::{Complete, SyncReassembler, SYNC_BUDGET_BYTES};
+use super::reassembly::{Complete, SyncReassembler};
 use crate::metrics::Metrics;
 use crate::node::cgroupfs::{self, read_protection, Owner, Protection, PAGE_SIZE};
 use crate::node::layout::{container_cgroup_dir, pod_cgroups};
@@ -119,8 +119,6 @@ pub struct QosPlugin {
     live: RwLock<LiveSettings>,
     runtime: Mutex<Option<RuntimeInfo>>,
     sync: Mutex<SyncReassembler>,
-    /// Bytes one Synchronize may hold while reassembled.
-    sync_budget: usize,
     registry: SharedRegistry,
     counters: Mutex<Counters>,
     configured: watch::Sender<bool>,
@@ -164,7 +162,6 @@ impl QosPlugin {
             settings,
             runtime: Mutex::new(None),
             sync: Mutex::new(SyncReassembler::default()),
-            sync_budget: SYNC_BUDGET_BYTES,
             registry: Arc::new(Mutex::new(Registry {
                 kubelet_memory_qos,
                 ..Registry::default()
@@ -188,8 +185,7 @@ impl QosPlugin {
     }
 
     /// Bytes a chunked Synchronize may hold (`plugin.sync-budget-mib`).
-    pub fn with_sync_budget(mut self, bytes: usize) -> Self {
-        self.sync_budget = bytes;
+    pub fn with_sync_budget(self, bytes: usize) -> Self {
         *lock(&self.sync) = SyncReassembler::with_budget(bytes);
         self
     }
@@ -237,7 +233,7 @@ impl QosPlugin {
     /// runtime, which re-sends everything in Synchronize.
     pub fn reset_session(&self) {
         *lock(&self.runtime) = None;
-        *lock(&self.sync) = SyncReassembler::with_budget(self.sync_budget);
+        lock(&self.sync).start_over();
         self.configured.send_replace(false);
         self.synchronized.send_replace(false);
     }

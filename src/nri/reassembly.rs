@@ -151,8 +151,13 @@ impl SyncReassembler {
             dropped: self.dropped,
             answer_by: deadline.checked_sub(span / 8),
         };
-        *self = Self::new(self.budget_bytes, self.budget_objects);
+        self.start_over();
         Some(done)
+    }
+
+    /// Forgets every chunk held (a new session), keeping the budget.
+    pub fn start_over(&mut self) {
+        *self = Self::new(self.budget_bytes, self.budget_objects);
     }
 
     fn fits(&mut self, size: usize) -> bool {
