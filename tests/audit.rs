@@ -25,6 +25,14 @@ const NODE: NodeFacts = NodeFacts {
     cgroup_v2: true,
 };
 
+/// Burstable pod `b` (cgroupfs layout) with its container `cb`: 256
+/// shares, cpu.max 50000, memory.max 512Mi, oom_score_adj 985.
+fn burstable_pod() -> (api::PodSandbox, api::Container) {
+    let mut c = container("cb", "b", 256, 50_000, 512 << 20, 985);
+    c.linux.mut_or_insert_default().cgroups_path = "/kubepods/burstable/podb/cb".into();
+    (pod("b", "/kubepods/burstable/podb"), c)
+}
+
 /// Writes what a correct node would have for `c` into the temp tree.
 fn write_expected(root: &Path, p: &api::PodSandbox, c: &api::Container) {
     write_expected_with(root, p, c, None);
@@ -121,9 +129,7 @@ fn api_server_requests_are_checked_as_ours() {
     const EXACT: u64 = 250 << 20;
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("cgroup");
-    let p = pod("b", "/kubepods/burstable/podb");
-    let mut c = container("cb", "b", 256, 50_000, 512 << 20, 985);
-    c.linux.mut_or_insert_default().cgroups_path = "/kubepods/burstable/podb/cb".into();
+    let (p, c) = burstable_pod();
     let api = ApiRequests(vec![("uid-b", "ctr-cb", EXACT)]);
     write_expected_with(&root, &p, &c, Some(EXACT));
     let snap = audit::Snapshot {
@@ -329,9 +335,7 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
 fn a_hidden_kubelet_key_in_a_container_makes_its_pod_the_kubelets() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("cgroup");
-    let p = pod("b", "/kubepods/burstable/podb");
-    let mut c = container("cb", "b", 256, 50_000, 512 << 20, 985);
-    c.linux.mut_or_insert_default().cgroups_path = "/kubepods/burstable/podb/cb".into();
+    let (p, c) = burstable_pod();
     write_expected(&root, &p, &c);
     let cg = root.join("kubepods/burstable/podb/cb");
     // What runc wrote from the kubelet's (invisible) unified map.
@@ -456,9 +460,7 @@ fn kubelet_memory_qos_values_are_owned_by_the_kubelet_and_never_drift() {
 fn the_kernels_limits_stand_in_for_the_report_on_cri_o_only() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("cgroup");
-    let p = pod("b", "/kubepods/burstable/podb");
-    let mut c = container("cb", "b", 256, 50_000, 512 << 20, 985);
-    c.linux.mut_or_insert_default().cgroups_path = "/kubepods/burstable/podb/cb".into();
+    let (p, c) = burstable_pod();
     write_expected(&root, &p, &c);
     let cg = root.join("kubepods/burstable/podb/cb");
     std::fs::write(cg.join("memory.max"), "805306368").unwrap();
