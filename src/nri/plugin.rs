@@ -32,6 +32,7 @@ use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 mod after_start;
 mod handlers;
 mod record;
+mod sync;
 #[cfg(test)]
 mod tests;
 
@@ -348,6 +349,26 @@ impl QosPlugin {
             Err(e) => warn!(pid, adj, error = %e, "could not write oom_score_adj"),
         }
     }
+}
+
+/// A container the runtime described as the policy sees it, and its
+/// decision: `resources` replaces the reported ones where given (CRI-O's
+/// kernel limits, see [`limits_from_kernel`]), and the API's exact request
+/// is added where the plugin has one.
+fn decide_wire(
+    pod: &qos::PodFacts,
+    c: &api::Container,
+    resources: Option<&api::LinuxResources>,
+    (node, policy): (&NodeFacts, &PolicyConfig),
+    api_pods: Option<&dyn ContainerRequests>,
+) -> (qos::ContainerFacts, qos::Decision) {
+    let mut facts = convert::container_from_wire(c);
+    if let Some(r) = resources {
+        facts.resources = convert::resources_from_wire(r);
+    }
+    facts.api_memory_request = api_pods.and_then(|a| a.container_request(&pod.uid, &c.name));
+    let decision = decide_or_leave_alone(pod, &facts, node, policy);
+    (facts, decision)
 }
 
 /// The policy, or no adjustment at all should it ever panic. It is pure and

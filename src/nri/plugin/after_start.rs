@@ -67,9 +67,8 @@ pub fn pods_with_hidden_kubelet_keys(
         let Some(rel) = container_cgroup_dir(path).filter(|_| !out.contains(&pod.id)) else {
             continue;
         };
-        let mut facts = convert::container_from_wire(c);
-        facts.api_memory_request = api_pods.and_then(|a| a.container_request(&pod.uid, &c.name));
-        let d = decide_or_leave_alone(&convert::pod_from_wire(pod), &facts, node, policy);
+        let pod_facts = convert::pod_from_wire(pod);
+        let (facts, d) = decide_wire(&pod_facts, c, None, (node, policy), api_pods);
         if hidden_kubelet_key(&cgroup_root.join(rel), known_keys(&facts, &d)).is_some() {
             out.insert(pod.id.clone());
         }

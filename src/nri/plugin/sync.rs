@@ -1,0 +1,224 @@
+//! Synchronize: the registry rebuilt from every pod and container the
+//! runtime knows, and the updates for the containers that already run.
+//!
+//! Pod by pod, each container is decided once: a pod's own protection sum
+//! (who protected its cgroup after a restart) needs only its containers,
+//! and only a pod the kubelet turns out to own is decided again.
+
+use super::after_start;
+use super::record::{add_protection, container_record, own_protection, pod_record, whole_pages};
+use super::*;
+
+/// One container of a pod being synchronized: its index in the snapshot,
+/// its facts and decision, and when deciding it started.
+type Decided = (usize, qos::ContainerFacts, qos::Decision, Instant);
+
+impl QosPlugin {
+    /// Rebuilds the registry from a whole Synchronize and returns the
+    /// updates for containers that already run, in the order sent. The new
+    /// records replace the old ones in one step at the end (the owners are
+    /// kept).
+    pub(super) fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
+        // Only CRI-O describes a resized container with its creation-time
+        // resources after a restart; elsewhere the report is current and
+        // two file reads per container would only slow the sync.
+        let forgets_resizes = self
+            .runtime_info()
+            .is_some_and(|r| forgets_resizes(&r.name));
+        let buf = whole.snapshot;
+        let live = self.live();
+        let policy = &*live.policy;
+        let rules = (&self.settings.node, policy);
+        let api_pods = self.api_pods.as_deref();
+        let owners_from_tree = self.owners_from_tree(policy);
+        let adjust = self.settings.adjust_existing && !live.dry_run;
+        // Of two pods with one id, the later one describes it (as a map
+        // keeps it); with it, the indices of its containers.
+        let mut pods: HashMap<&str, (&api::PodSandbox, Vec<usize>)> =
+            HashMap::with_capacity(buf.pods.len());
+        for p in &buf.pods {
+            pods.insert(p.id.as_str(), (p, Vec::new()));
+        }
+        for (i, c) in buf.containers.iter().enumerate() {
+            match pods.get_mut(c.pod_sandbox_id.as_str()) {
+                Some((_, members)) => members.push(i),
+                None => debug!(container = %c.id, "synchronized container without a known pod; skipped"),
+            }
+        }
+        let mut new_pods: HashMap<String, PodRecord> = HashMap::with_capacity(buf.pods.len());
+        let mut new_containers: HashMap<String, ContainerRecord> =
+            HashMap::with_capacity(buf.containers.len());
+        let mut updates = Vec::new();
+        let mut skipped = 0usize;
+        for first in &buf.pods {
+            // The first description of an id takes the pod's turn; the
+            // later ones find it gone.
+            let Some((pod, members)) = pods.remove(first.id.as_str()) else {
+                continue;
+            };
+            let mut pod_facts = convert::pod_from_wire(pod);
+            // Answer in time with what we have rather than be dropped for
+            // being late; the rest is learnt from later events.
+            if skipped > 0 || whole.answer_by.is_some_and(|t| Instant::now() > t) {
+                skipped += members.len();
+                new_pods.insert(first.id.clone(), pod_record(&first.id, &pod_facts));
+                continue;
+            }
+            let kernel: Vec<Option<api::LinuxResources>> = if forgets_resizes {
+                let limits = |&i: &usize| self.resources_from_kernel(&buf.containers[i]);
+                members.iter().map(limits).collect()
+            } else {
+                Vec::new()
+            };
+            let decide_all = |pod_facts: &qos::PodFacts| -> Vec<Decided> {
+                let one = |(k, &i): (usize, &usize)| {
+                    let started = Instant::now();
+                    let resources = kernel.get(k).and_then(Option::as_ref);
+                    let c = &buf.containers[i];
+                    let (facts, d) = decide_wire(pod_facts, c, resources, rules, api_pods);
+                    (i, facts, d, started)
+                };
+                members.iter().enumerate().map(one).collect()
+            };
+            if owners_from_tree {
+                pod_facts.kubelet_memory_qos = self.kubelet_recorded(&pod_facts.cgroup_parent);
+            }
+            let mut decided = decide_all(&pod_facts);
+            if owners_from_tree
+                && !pod_facts.kubelet_memory_qos
+                && self.kubelet_found_in_sync(pod, &pod_facts, &buf.containers, &decided)
+            {
+                pod_facts.kubelet_memory_qos = true;
+                decided = decide_all(&pod_facts);
+            }
+            let recorded = !decided.is_empty();
+            for (i, facts, decision, started) in decided {
+                let c = &buf.containers[i];
+                let record = container_record(pod, &pod_facts, c, facts, &decision, started);
+                new_containers.insert(c.id.clone(), record);
+                let running = matches!(
+                    c.state.enum_value(),
+                    Ok(api::ContainerState::CONTAINER_RUNNING
+                        | api::ContainerState::CONTAINER_CREATED)
+                );
+                if !adjust || !running {
+                    continue;
+                }
+                let mut adjustment = decision.adjustment;
+                self.keep_relaxed_high(c, &mut adjustment);
+                // oom_score_adj cannot travel in an update; the runtime
+                // applies the rest through UpdateContainerResources.
+                if let Some(u) = convert::update_to_wire(&c.id, adjustment, true) {
+                    updates.push((i, u));
+                }
+            }
+            // A pod id sent twice keeps its first description unless one
+            // of its containers was recorded with the later one.
+            let record = if recorded || std::ptr::eq(pod, first) {
+                pod_record(&pod.id, &pod_facts)
+            } else {
+                pod_record(&first.id, &convert::pod_from_wire(first))
+            };
+            new_pods.insert(first.id.clone(), record);
+        }
+        updates.sort_unstable_by_key(|(i, _)| *i);
+        let updates: Vec<api::ContainerUpdate> = updates.into_iter().map(|(_, u)| u).collect();
+        {
+            let mut reg = lock(&self.registry);
+            reg.pods = new_pods;
+            reg.containers = new_containers;
+        }
+        self.notify_changed();
+        let mut counters = lock(&self.counters);
+        counters.synchronized += buf.containers.len() as u64;
+        counters.updated += updates.len() as u64;
+        info!(
+            pods = buf.pods.len(),
+            containers = buf.containers.len(),
+            updates = updates.len(),
+            "synchronized with the runtime"
+        );
+        if whole.dropped + skipped > 0 {
+            warn!(
+                dropped = whole.dropped,
+                not_decided = skipped,
+                "Synchronize was partial (see the reassembly bounds); the rest is handled as events arrive"
+            );
+        }
+        updates
+    }
+
+    /// Whether the pod cgroup under `parent` is already known as the
+    /// kubelet's. In a Synchronize nothing is seen for the first time: a
+    /// pod is the kubelet's only where [`Self::kubelet_found_in_sync`] (or
+    /// an earlier rule) said so.
+    fn kubelet_recorded(&self, parent: &str) -> bool {
+        pod_cgroups(parent)
+            .is_some_and(|cg| lock(&self.registry).owners.get(&cg.pod) == Some(&Owner::Kubelet))
+    }
+
+    /// After a restart nothing says what we wrote before: a pod cgroup with
+    /// more protection than our own policy gives its containers (`decided`,
+    /// see [`own_pod_protection`]) was protected by the kubelet (the keeper
+    /// and `audit` apply the same rule). Failing that, a running container
+    /// may hold a key the kubelet set where we did not (as at its start).
+    /// True when the pod is found the kubelet's now.
+    fn kubelet_found_in_sync(
+        &self,
+        pod: &api::PodSandbox,
+        pod_facts: &qos::PodFacts,
+        containers: &[api::Container],
+        decided: &[Decided],
+    ) -> bool {
+        let Some(cg) = pod_cgroups(&pod_facts.cgroup_parent) else {
+            return false;
+        };
+        if !lock(&self.registry).owners.contains_key(&cg.pod) {
+            let on_disk = read_protection(&self.settings.cgroup_root.join(&cg.pod));
+            let ours = decided.iter().fold(Protection::default(), |sum, (_, f, d, _)| {
+                add_protection(sum, own_protection(f, d))
+            });
+            if cgroupfs::exceeds(on_disk, whole_pages(ours)) {
+                info!(
+                    cgroup = %cg.pod.display(),
+                    memory_min = on_disk.min,
+                    memory_low = on_disk.low,
+                    owner = Owner::Kubelet.label(),
+                    "pod cgroup holds more protection than nri-qos would write: the kubelet's Memory QoS owns it"
+                );
+                lock(&self.registry).owners.insert(cg.pod, Owner::Kubelet);
+                return true;
+            }
+        }
+        decided.iter().any(|(i, facts, d, _)| {
+            let c = &containers[*i];
+            let running = c.state.enum_value() == Ok(api::ContainerState::CONTAINER_RUNNING);
+            let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+            running
+                && self.kubelet_keys_in_started(
+                    &pod.id,
+                    &pod.linux.cgroup_parent,
+                    path,
+                    after_start::known_keys(facts, d),
+                )
+        })
+    }
+
+    /// A running container whose memory.high the monitor's throttle guard
+    /// raised keeps it until it restarts or is resized: a plugin restart
+    /// must not throttle it again.
+    fn keep_relaxed_high(&self, c: &api::Container, adjustment: &mut qos::Adjustment) {
+        let Some(want) = adjustment.unified.get("memory.high") else {
+            return;
+        };
+        let cgroups_path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+        let Some(rel) = container_cgroup_dir(cgroups_path) else {
+            return;
+        };
+        let dir = self.settings.cgroup_root.join(rel);
+        if cgroupfs::relaxed_in_tree(&dir, want) {
+            info!(container = %c.id, wanted = %want, "memory.high was relaxed by the throttle guard; leaving it");
+            adjustment.unified.remove("memory.high");
+        }
+    }
+}
