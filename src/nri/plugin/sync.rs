@@ -42,7 +42,9 @@ impl QosPlugin {
         for (i, c) in buf.containers.iter().enumerate() {
             match pods.get_mut(c.pod_sandbox_id.as_str()) {
                 Some((_, members)) => members.push(i),
-                None => debug!(container = %c.id, "synchronized container without a known pod; skipped"),
+                None => {
+                    debug!(container = %c.id, "synchronized container without a known pod; skipped")
+                }
             }
         }
         let mut new_pods: HashMap<String, PodRecord> = HashMap::with_capacity(buf.pods.len());
@@ -175,9 +177,11 @@ impl QosPlugin {
         };
         if !lock(&self.registry).owners.contains_key(&cg.pod) {
             let on_disk = read_protection(&self.settings.cgroup_root.join(&cg.pod));
-            let ours = decided.iter().fold(Protection::default(), |sum, (_, f, d, _)| {
-                add_protection(sum, own_protection(f, d))
-            });
+            let ours = decided
+                .iter()
+                .fold(Protection::default(), |sum, (_, f, d, _)| {
+                    add_protection(sum, own_protection(f, d))
+                });
             if cgroupfs::exceeds(on_disk, whole_pages(ours)) {
                 info!(
                     cgroup = %cg.pod.display(),

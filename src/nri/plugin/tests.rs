@@ -383,7 +383,10 @@ fn synchronize_answers_in_the_order_sent_and_a_pod_sent_twice_keeps_the_later_de
     let (a_later, c_later) = (later(&a), later(&c));
     // Containers of two pods interleaved, and one of a pod never sent.
     let sent = ["a1", "b1", "a2", "b2", "a3"];
-    let mut containers: Vec<_> = sent.iter().map(|id| hidden_container(id, &id[..1])).collect();
+    let mut containers: Vec<_> = sent
+        .iter()
+        .map(|id| hidden_container(id, &id[..1]))
+        .collect();
     containers.push(hidden_container("x", "unknown"));
     let updates = p.finish_sync(Complete {
         snapshot: super::super::reassembly::Snapshot {
@@ -396,9 +399,16 @@ fn synchronize_answers_in_the_order_sent_and_a_pod_sent_twice_keeps_the_later_de
     let ids: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
     assert_eq!(ids, sent);
     let reg = lock(&p.registry);
-    assert_eq!(reg.pods["a"].name, "a-later", "its containers were decided with it");
+    assert_eq!(
+        reg.pods["a"].name, "a-later",
+        "its containers were decided with it"
+    );
     // Pod c has no container: the first description of an id stands.
     assert_eq!(reg.pods["c"].name, "c");
     assert_eq!(reg.pods.len(), 3);
-    assert_eq!(reg.containers.len(), 5, "the container without a pod is skipped");
+    assert_eq!(
+        reg.containers.len(),
+        5,
+        "the container without a pod is skipped"
+    );
 }
