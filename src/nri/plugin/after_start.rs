@@ -128,12 +128,26 @@ impl QosPlugin {
         cgroups_path: &str,
         known: [u64; 3],
     ) -> bool {
-        let (Some(cg), Some(rel)) = (pod_cgroups(parent), container_cgroup_dir(cgroups_path))
-        else {
+        match pod_cgroups(parent) {
+            Some(cg) => self.kubelet_keys_in_started_below(pod_id, &cg.pod, cgroups_path, known),
+            None => false,
+        }
+    }
+
+    /// [`Self::kubelet_keys_in_started`] for the pod cgroup `pod_cg`, known
+    /// already (a Synchronize asks for every running container of a pod).
+    pub(super) fn kubelet_keys_in_started_below(
+        &self,
+        pod_id: &str,
+        pod_cg: &Path,
+        cgroups_path: &str,
+        known: [u64; 3],
+    ) -> bool {
+        let Some(rel) = container_cgroup_dir(cgroups_path) else {
             return false;
         };
         // The keeper hands back its decisions: nri-qos may still give way.
-        let decided = |reg: &Registry| reg.owners.get(&cg.pod) == Some(&Owner::Kubelet);
+        let decided = |reg: &Registry| reg.owners.get(pod_cg) == Some(&Owner::Kubelet);
         if decided(&lock(&self.registry)) {
             return false;
         }
@@ -146,14 +160,14 @@ impl QosPlugin {
             return false;
         }
         info!(
-            cgroup = %cg.pod.display(),
+            cgroup = %pod_cg.display(),
             container_cgroup = %dir.display(),
             key,
             value,
             owner = Owner::Kubelet.label(),
             "a started container holds a memory key nri-qos did not set: the kubelet's Memory QoS owns its pod's protection; later containers' memory.min/low/high left to it"
         );
-        reg.owners.insert(cg.pod, Owner::Kubelet);
+        reg.owners.insert(pod_cg.to_path_buf(), Owner::Kubelet);
         for c in reg.containers.values_mut().filter(|c| c.pod_id == pod_id) {
             c.kubelet_memory_qos = true;
         }

@@ -82,14 +82,20 @@ impl QosPlugin {
                 };
                 members.iter().enumerate().map(one).collect()
             };
-            if owners_from_tree {
-                pod_facts.kubelet_memory_qos = self.kubelet_recorded(&pod_facts.cgroup_parent);
+            // In a Synchronize nothing is seen for the first time: a pod is
+            // the kubelet's only where the rules below (or before) say so.
+            let pod_cg = owners_from_tree
+                .then(|| pod_cgroups(&pod_facts.cgroup_parent))
+                .flatten();
+            if let Some(cg) = &pod_cg {
+                let reg = lock(&self.registry);
+                pod_facts.kubelet_memory_qos = reg.owners.get(&cg.pod) == Some(&Owner::Kubelet);
             }
             let mut decided = decide_all(&pod_facts);
-            if owners_from_tree
-                && !pod_facts.kubelet_memory_qos
-                && self.kubelet_found_in_sync(pod, &pod_facts, &buf.containers, &decided)
-            {
+            let unknown = pod_cg.filter(|_| !pod_facts.kubelet_memory_qos);
+            if unknown.is_some_and(|cg| {
+                self.kubelet_found_in_sync(pod, cg.pod, &buf.containers, &decided)
+            }) {
                 pod_facts.kubelet_memory_qos = true;
                 decided = decide_all(&pod_facts);
             }
@@ -150,15 +156,6 @@ impl QosPlugin {
         updates
     }
 
-    /// Whether the pod cgroup under `parent` is already known as the
-    /// kubelet's. In a Synchronize nothing is seen for the first time: a
-    /// pod is the kubelet's only where [`Self::kubelet_found_in_sync`] (or
-    /// an earlier rule) said so.
-    fn kubelet_recorded(&self, parent: &str) -> bool {
-        pod_cgroups(parent)
-            .is_some_and(|cg| lock(&self.registry).owners.get(&cg.pod) == Some(&Owner::Kubelet))
-    }
-
     /// After a restart nothing says what we wrote before: a pod cgroup with
     /// more protection than our own policy gives its containers (`decided`,
     /// see [`own_pod_protection`]) was protected by the kubelet (the keeper
@@ -168,15 +165,12 @@ impl QosPlugin {
     fn kubelet_found_in_sync(
         &self,
         pod: &api::PodSandbox,
-        pod_facts: &qos::PodFacts,
+        pod_cg: PathBuf,
         containers: &[api::Container],
         decided: &[Decided],
     ) -> bool {
-        let Some(cg) = pod_cgroups(&pod_facts.cgroup_parent) else {
-            return false;
-        };
-        if !lock(&self.registry).owners.contains_key(&cg.pod) {
-            let on_disk = read_protection(&self.settings.cgroup_root.join(&cg.pod));
+        if !lock(&self.registry).owners.contains_key(&pod_cg) {
+            let on_disk = read_protection(&self.settings.cgroup_root.join(&pod_cg));
             let ours = decided
                 .iter()
                 .fold(Protection::default(), |sum, (_, f, d, _)| {
@@ -184,13 +178,13 @@ impl QosPlugin {
                 });
             if cgroupfs::exceeds(on_disk, whole_pages(ours)) {
                 info!(
-                    cgroup = %cg.pod.display(),
+                    cgroup = %pod_cg.display(),
                     memory_min = on_disk.min,
                     memory_low = on_disk.low,
                     owner = Owner::Kubelet.label(),
                     "pod cgroup holds more protection than nri-qos would write: the kubelet's Memory QoS owns it"
                 );
-                lock(&self.registry).owners.insert(cg.pod, Owner::Kubelet);
+                lock(&self.registry).owners.insert(pod_cg, Owner::Kubelet);
                 return true;
             }
         }
@@ -199,9 +193,9 @@ impl QosPlugin {
             let running = c.state.enum_value() == Ok(api::ContainerState::CONTAINER_RUNNING);
             let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
             running
-                && self.kubelet_keys_in_started(
+                && self.kubelet_keys_in_started_below(
                     &pod.id,
-                    &pod.linux.cgroup_parent,
+                    &pod_cg,
                     path,
                     after_start::known_keys(facts, d),
                 )
