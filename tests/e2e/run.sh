@@ -486,7 +486,12 @@ qemu_state() {
     # <> opens a FIFO without waiting for a reader; qemu holds both ends open.
     printf '%s\n' 'info status' 'info cpus' 'info registers -a' 'info lapic 0' 'info lapic 1' 'info pic' \
         'info registers -a' 'sendkey alt-sysrq-9' 'sendkey alt-sysrq-w' 'sendkey alt-sysrq-l' 1<>"$mon.in"
-    timeout 10 cat "$mon.out" | tr -d '\r'
+    # The monitor echoes each keystroke: keep the command; drop the registers
+    # nobody reads in a hang (segments, debug, FPU, vector).
+    timeout 10 cat "$mon.out" | tr -d '\r' |
+        sed 's/^(qemu) .*\x1b\[D\([^\x1b]*\)\x1b\[K$/(qemu) \1/' |
+        grep -avE '^(YMM|FPR|FCW|DR[0-9]|[ECSDFG]S =|LDT=|TR =|GDT=|IDT=)'
+    echo # after the last prompt
 }
 
 # Boots the VM on $1, console to $2 (live, \r stripped), the E2E lines to
@@ -504,13 +509,15 @@ boot_vm() {
     # SysRq from the host's keyboard (qemu_state) needs it enabled.
     append="$append sysrq_always_enabled"
     [ "$test_freeze" != 1 ] || append="$append e2e.test_freeze=1"
-    timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
+    # (|| true: a qemu killed here is reported by the caller, not by bash's job notices)
+    { timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
         -accel tcg -cpu max -m "$VM_MEM" -smp "$VM_CPUS" \
         -nographic -no-reboot -nodefaults -serial stdio -display none \
+        -name e2e,debug-threads=on \
         -chardev pipe,id=mon0,path="$mon" -mon chardev=mon0,mode=readline \
         -pidfile "$pidfile" \
         -kernel "$CACHE/vmlinuz" -initrd "$initrd" \
-        -append "$append" </dev/null |
+        -append "$append" </dev/null || true; } |
         sed -u 's/\r$//' | tee "$consolef" | grep -a --line-buffered -E '^(E2E-(CHECK|INFO|TIMING|DONE)|Error)' | sed -u "s/^/    /" &
     pipe=$!
     while kill -0 "$pipe" 2>/dev/null; do
