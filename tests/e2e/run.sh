@@ -606,7 +606,7 @@ for ver in "${versions[@]}"; do
         else
             break
         fi
-        [ "$attempt" = 1 ] && log "[$name] booting once more; the frozen boot's results are discarded"
+        [ "$attempt" = 1 ] && log "[$name] booting once more; this boot's results are discarded"
     done
     set -e
     t2=$(date +%s.%N)
