@@ -109,13 +109,13 @@ pub fn render_table(r: &PodReport) -> String {
             c.oom_score_adj.to_string(),
             match (c.memory_request, c.memory_request_range) {
                 (Some(_), Some((from, to))) => format!(
-                    "{}..{} ({:?})",
+                    "{}..{} ({})",
                     human_bytes(from),
                     to.map_or("".into(), human_bytes),
                     c.memory_request_source
                 ),
-                (Some(b), None) => format!("{} ({:?})", human_bytes(b), c.memory_request_source),
-                (None, _) => format!("- ({:?})", c.memory_request_source),
+                (Some(b), None) => format!("{} ({})", human_bytes(b), c.memory_request_source),
+                (None, _) => format!("- ({})", c.memory_request_source),
             },
             {
                 let k: Vec<&str> = c

@@ -455,30 +455,94 @@ build_initramfs() {
 # whole VM timeout was lost on it. Stage 2 normally starts within 5-20 s.
 BOOT_TIMEOUT="${E2E_BOOT_TIMEOUT:-180}"
 BOOT_HUNG=86
+# It has also frozen after stage 2 (CI, containerd 1.7 at its first pod):
+# not a line more, not the guest watchdog's, no kernel message. The guest
+# prints E2E-ALIVE every 60 s, so a console silent this long means the
+# guest (kernel included) or qemu stopped, not a slow scenario.
+SILENCE_LIMIT="${E2E_SILENCE_LIMIT:-240}"
+GUEST_FROZE=87
+
+# Kills the qemu whose pid file is $1 (a frozen one may not handle SIGTERM).
+kill_qemu() {
+    kill -KILL "$(cat "$1" 2>/dev/null)" 2>/dev/null || true
+}
+
+# What qemu $1 and its guest were doing when the console fell silent, through
+# the monitor on the FIFOs $2.in/$2.out: does qemu's main loop still answer,
+# are the vCPUs running, halted or spinning (their registers twice), is the
+# local APIC timer armed; the host's view of qemu's threads; then SysRq
+# (blocked tasks, CPU backtraces) lands on the console if the kernel lives.
+qemu_state() {
+    local pid="$1" mon="$2" t
+    echo "---- qemu threads: state, CPU ticks (utime+stime), wchan; 5 s apart ----"
+    for _ in 1 2; do
+        for t in /proc/"$pid"/task/*; do
+            printf '%-16s %s %s\n' "$(cat "$t/comm" 2>/dev/null)" \
+                "$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $1, $12 + $13 }')" "$(cat "$t/wchan" 2>/dev/null)"
+        done
+        sleep 5
+    done
+    echo "---- qemu monitor (no answer: qemu's main loop is stuck) ----"
+    # <> opens a FIFO without waiting for a reader; qemu holds both ends open.
+    printf '%s\n' 'info status' 'info cpus' 'info registers -a' 'info lapic 0' 'info lapic 1' 'info pic' \
+        'info registers -a' 'sendkey alt-sysrq-9' 'sendkey alt-sysrq-w' 'sendkey alt-sysrq-l' 1<>"$mon.in"
+    # The monitor echoes each keystroke: keep the command; drop the registers
+    # nobody reads in a hang (segments, debug, FPU, vector).
+    timeout 10 cat "$mon.out" | tr -d '\r' |
+        sed 's/^(qemu) .*\x1b\[D\([^\x1b]*\)\x1b\[K$/(qemu) \1/' |
+        grep -avE '^(YMM|FPR|FCW|DR[0-9]|[ECSDFG]S =|LDT=|TR =|GDT=|IDT=)'
+    echo # after the last prompt
+}
 
 # Boots the VM on $1, console to $2 (live, \r stripped), the E2E lines to
-# stderr. Returns $BOOT_HUNG when stage 2 did not start in time.
+# stderr. Returns $BOOT_HUNG when stage 2 did not start in time, and
+# $GUEST_FROZE (qemu's state written to $3) when the console then stayed
+# silent for $SILENCE_LIMIT s (that console kept as *.frozen.log). $4=1
+# plays such a freeze: the guest goes silent after stage 2 (tests of run.sh).
 boot_vm() {
-    local initrd="$1" consolef="$2" pidfile="$WORK/qemu.pid" waited=0 pipe
-    rm -f "$pidfile"
+    local initrd="$1" consolef="$2" statef="$3" test_freeze="${4:-0}"
+    local pidfile="$WORK/qemu.pid" mon="$WORK/qemu-monitor" pipe
+    local start=$SECONDS stage2=0 size=0 last_output=$SECONDS append="console=ttyS0 quiet panic=-1 rdinit=/init"
+    rm -f "$pidfile" "$mon.in" "$mon.out"
+    mkfifo "$mon.in" "$mon.out"
     : >"$consolef"
-    timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
+    # SysRq from the host's keyboard (qemu_state) needs it enabled.
+    append="$append sysrq_always_enabled"
+    [ "$test_freeze" != 1 ] || append="$append e2e.test_freeze=1"
+    # (|| true: a qemu killed here is reported by the caller, not by bash's job notices)
+    { timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
         -accel tcg -cpu max -m "$VM_MEM" -smp "$VM_CPUS" \
         -nographic -no-reboot -nodefaults -serial stdio -display none \
+        -name e2e,debug-threads=on \
+        -chardev pipe,id=mon0,path="$mon" -mon chardev=mon0,mode=readline \
         -pidfile "$pidfile" \
         -kernel "$CACHE/vmlinuz" -initrd "$initrd" \
-        -append "console=ttyS0 quiet panic=-1 rdinit=/init" </dev/null |
+        -append "$append" </dev/null || true; } |
         sed -u 's/\r$//' | tee "$consolef" | grep -a --line-buffered -E '^(E2E-(CHECK|INFO|TIMING|DONE)|Error)' | sed -u "s/^/    /" &
     pipe=$!
-    while ! grep -aq '^E2E-INFO .*stage 2 up' "$consolef"; do
-        kill -0 "$pipe" 2>/dev/null || break
-        if [ "$waited" -ge "$BOOT_TIMEOUT" ]; then
-            kill "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null
+    while kill -0 "$pipe" 2>/dev/null; do
+        if [ "$stage2" = 0 ]; then
+            if grep -aq '^E2E-INFO .*stage 2 up' "$consolef"; then
+                stage2=1
+            elif [ $((SECONDS - start)) -ge "$BOOT_TIMEOUT" ]; then
+                kill_qemu "$pidfile"
+                wait "$pipe"
+                return "$BOOT_HUNG"
+            fi
+        elif [ "$(stat -c %s "$consolef")" != "$size" ]; then
+            size="$(stat -c %s "$consolef")"
+            last_output=$SECONDS
+        elif [ $((SECONDS - last_output)) -ge "$SILENCE_LIMIT" ]; then
+            cp "$consolef" "${consolef%.log}.frozen.log"
+            qemu_state "$(cat "$pidfile")" "$mon" >"$statef" 2>&1
+            sleep 10
+            echo "---- console after SysRq 9, w, l (empty: the guest kernel takes no interrupts) ----" >>"$statef"
+            tail -c +$((size + 1)) "$consolef" >>"$statef"
+            kill_qemu "$pidfile"
             wait "$pipe"
-            return "$BOOT_HUNG"
+            return "$GUEST_FROZE"
         fi
         sleep 1
-        waited=$((waited + 1))
     done
     wait "$pipe"
 }
@@ -523,11 +587,26 @@ for ver in "${versions[@]}"; do
     t1=$(date +%s.%N)
     log "[$name] initramfs $(du -h "$initrd" | cut -f1) built in $(elapsed "$t0" "$t1") s; booting (timeout ${VM_TIMEOUT}s)"
     set +e
+    # Once more after an early-boot hang or a freeze; a frozen boot's
+    # results are discarded. E2E_TEST_FREEZE=1 plays a freeze in the first.
+    statef="$WORK/qemu-state-$ver-$plugin.txt"
+    rm -f "$statef" "${consolef%.log}.frozen.log"
+    test_freeze="${E2E_TEST_FREEZE:-0}"
     for attempt in 1 2; do
-        boot_vm "$initrd" "$consolef"
-        [ $? -eq "$BOOT_HUNG" ] || break
-        log "[$name] the guest did not reach stage 2 within ${BOOT_TIMEOUT}s (an early-boot hang under TCG; attempt $attempt)"
-        [ "$attempt" = 1 ] && log "[$name] booting once more"
+        boot_vm "$initrd" "$consolef" "$statef" "$test_freeze"
+        status=$?
+        test_freeze=0
+        if [ "$status" = "$BOOT_HUNG" ]; then
+            log "[$name] the guest did not reach stage 2 within ${BOOT_TIMEOUT}s (an early-boot hang under TCG; attempt $attempt)"
+        elif [ "$status" = "$GUEST_FROZE" ]; then
+            log "[$name] GUEST FROZE: its console was silent for ${SILENCE_LIMIT}s after stage 2 (attempt $attempt); last console lines:"
+            tail -n 25 "${consolef%.log}.frozen.log" | sed "s/^/    /" >&2
+            log "[$name] qemu's state when it froze ($statef):"
+            sed "s/^/    /" "$statef" >&2
+        else
+            break
+        fi
+        [ "$attempt" = 1 ] && log "[$name] booting once more; this boot's results are discarded"
     done
     set -e
     t2=$(date +%s.%N)

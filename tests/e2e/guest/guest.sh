@@ -33,6 +33,22 @@ hostname e2e-node
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
 info "kernel $(uname -r), stage 2 up"
 
+# run.sh E2E_TEST_FREEZE=1 (its first boot only): play a guest frozen after
+# stage 2, silent from here on, to prove run.sh reboots it.
+case " $(cat /proc/cmdline) " in
+*" e2e.test_freeze=1 "*) info "test: playing a frozen guest"; exec sleep 86400 >/dev/null 2>&1 ;;
+esac
+# A sign of life every 60 s: run.sh takes a console silent for minutes
+# (E2E_SILENCE_LIMIT) for a frozen guest or qemu, and boots again.
+heartbeat() {
+    while sleep 60; do echo "E2E-ALIVE t=$(uptime_s)s"; done
+}
+heartbeat &
+# Under `quiet` the kernel's clock choice is not printed; a guest whose
+# timers stop goes silent, so say it (TCG: hpet, the TSC is not offered).
+cs=/sys/devices/system/clocksource/clocksource0
+info "clocksource $(cat $cs/current_clocksource) (available: $(cat $cs/available_clocksource))"
+
 # cgroup v2 as the kubelet's node has it: controllers delegated below the root.
 controllers="$(cat /sys/fs/cgroup/cgroup.controllers)"
 for c in $controllers; do echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true; done
