@@ -12,14 +12,17 @@
 //! floor block by block so a noisy neighbour hits all three alike.
 //! Everything is read from outside the plugin: latency at the peer, CPU from
 //! `/proc/<pid>/stat` (utime + stime, all threads), memory from
-//! `/proc/<pid>/status` (VmRSS, VmHWM), threads, stripped binary size.
+//! `/proc/<pid>/status` (VmRSS split into RssAnon and RssFile, VmHWM),
+//! threads, stripped binary size.
 //!
 //! Environment: `NRI_BENCH_ROUNDS` (default 6), `NRI_GO_STUB` (the Go
 //! binary; default `target/go-stub/go-stub`), `NRI_QOS_BIN` (another build
 //! of nri-qos), `NRI_BENCH_SYNC_MSG_MAX` (bytes per Synchronize message
 //! before chunking; containerd's is 4 MiB), `NRI_BENCH_HOOK_TIME=1` (also
 //! print nri-qos's own handler-time histogram from its metrics endpoint,
-//! which serves on the plugin's one thread: nri-qos only).
+//! which serves on the plugin's one thread: nri-qos only),
+//! `NRI_BENCH_SMAPS_DIR` (save each plugin's `/proc/<pid>/smaps` there at
+//! idle and after the creates).
 
 // Test code: a failed unwrap is the test failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -342,6 +345,18 @@ struct Plugin {
     latencies: Vec<Duration>,
 }
 
+/// `/proc/<pid>/smaps` copied to `$NRI_BENCH_SMAPS_DIR/<plugin>-<when>.smaps`
+/// when that variable is set: which mappings the RSS is made of.
+fn save_smaps(name: &str, pid: u32, when: &str) {
+    let Some(dir) = std::env::var_os("NRI_BENCH_SMAPS_DIR") else {
+        return;
+    };
+    let file = format!("{}-{when}.smaps", name.replace(' ', "-"));
+    if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) {
+        let _ = std::fs::write(Path::new(&dir).join(file), text);
+    }
+}
+
 impl Plugin {
     async fn start_nri_qos(dir: &tempfile::TempDir, bin: &Path) -> Self {
         let sock = dir.path().join("nri-qos.sock");
@@ -371,6 +386,7 @@ impl Plugin {
         let mut session = accept(&listener, false).await;
         session.handshake(true).await;
         let rss_idle_kib = process.rss_kib();
+        save_smaps(name, process.child.id(), "idle");
         Plugin {
             name,
             binary: binary.to_path_buf(),
@@ -422,6 +438,7 @@ impl Plugin {
 
     fn finish(&mut self) -> RoundResult {
         assert!(self.process.is_running(), "{} exited", self.name);
+        save_smaps(self.name, self.process.child.id(), "after");
         self.latencies.sort();
         let ticks_per_s = clock_ticks_per_second();
         RoundResult {
@@ -431,6 +448,8 @@ impl Plugin {
                 / (self.latencies.len() as f64 / 1000.0),
             rss_idle_kib: self.rss_idle_kib,
             rss_after_kib: self.process.rss_kib(),
+            anon_after_kib: self.process.status_value("RssAnon"),
+            file_after_kib: self.process.status_value("RssFile"),
             hwm_after_sync_kib: self.hwm_after_sync_kib,
             sync_time: self.sync_time,
             threads: self.process.status_value("Threads"),
@@ -459,6 +478,11 @@ struct RoundResult {
     cpu_ms_per_1000: f64,
     rss_idle_kib: u64,
     rss_after_kib: u64,
+    /// The two parts of `rss_after_kib`: heap and stacks (RssAnon), and
+    /// mapped files, mostly the binary and libc (RssFile, clean page cache
+    /// the kernel can reclaim; shared memory is none here).
+    anon_after_kib: u64,
+    file_after_kib: u64,
     hwm_after_sync_kib: u64,
     sync_time: Duration,
     threads: u64,
@@ -467,13 +491,15 @@ struct RoundResult {
 impl RoundResult {
     fn brief(&self) -> String {
         format!(
-            "p50 {:.1} us p99 {:.1} us cpu {:.1} ms/1k sync {:.1} ms rss {:.1}/{:.1} MiB hwm {:.1} MiB |",
+            "p50 {:.1} us p99 {:.1} us cpu {:.1} ms/1k sync {:.1} ms rss {:.1}/{:.1} MiB (anon {:.1} file {:.1}) hwm {:.1} MiB |",
             us(self.latency.p50),
             us(self.latency.p99),
             self.cpu_ms_per_1000,
             ms(self.sync_time),
             mib(self.rss_idle_kib),
             mib(self.rss_after_kib),
+            mib(self.anon_after_kib),
+            mib(self.file_after_kib),
             mib(self.hwm_after_sync_kib)
         )
     }
@@ -591,6 +617,23 @@ fn print_table(results: &[SubjectRounds], floor: &[Latency], go_missing: Option<
             "{} / {}",
             ratio(idle(g).median, idle(qos).median),
             ratio(after(g).median, after(qos).median)
+        )),
+    );
+    let anon = |s: &SubjectRounds| s.stat(|r| mib(r.anon_after_kib));
+    let file = |s: &SubjectRounds| s.stat(|r| mib(r.file_after_kib));
+    println!(
+        "| of which anonymous / file-backed (RssAnon / RssFile) | {} / {} | {} | — | {} | — |",
+        anon(qos).show("MiB"),
+        file(qos).show("MiB"),
+        cell(go, &|g| format!(
+            "{} / {}",
+            anon(g).show("MiB"),
+            file(g).show("MiB")
+        )),
+        cell(go, &|g| format!(
+            "{} / {}",
+            ratio(anon(g).median, anon(qos).median),
+            ratio(file(g).median, file(qos).median)
         )),
     );
     let hwm = |s: &SubjectRounds| s.stat(|r| mib(r.hwm_after_sync_kib));
