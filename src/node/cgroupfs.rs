@@ -43,10 +43,44 @@ impl ReadError {
 /// Reads a small kernel file; these are at most a few KiB, so the whole
 /// file fits in memory.
 pub fn read(path: &Path) -> Result<String, ReadError> {
-    std::fs::read_to_string(path).map_err(|source| ReadError::Io {
+    let io = |source| ReadError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let bytes = read_small(path).map_err(io)?;
+    String::from_utf8(bytes)
+        .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+}
+
+/// A file read in as few syscalls as the kernel allows: open, read, close.
+/// `std::fs::read` also asks the size (statx) and reads once more to see
+/// the end; a Synchronize reads thousands of these files, and a cgroup
+/// file's size says nothing (kernfs reports 0 or 4096). A read of up to a
+/// page that returns less than asked has reached the end, for kernfs
+/// (seq_file fills the buffer while it has records; a plain kernfs read
+/// gives up to a page at a time) as for regular files.
+fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    const PAGE: usize = 4096;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0; 512];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(2 * len, 0);
+        }
+        let asked = buf.len() - len;
+        let n = match f.read(&mut buf[len..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        len += n;
+        if n == 0 || (n < asked && asked <= PAGE) {
+            buf.truncate(len);
+            return Ok(buf);
+        }
+    }
 }
 
 /// `key value` lines (memory.stat, memory.events, cgroup.events).
@@ -191,9 +225,7 @@ pub fn write_file(path: &Path, value: &str) -> Result<(), WriteError> {
 
 /// A small file's text, trimmed; `None` when unreadable.
 pub fn read_trimmed(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
+    read(path).ok().map(|s| s.trim().to_string())
 }
 
 /// The kernel keeps memory.min/low in whole pages (a write is rounded down),
@@ -267,7 +299,7 @@ pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
 
 /// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
 pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+    let read = |f: &str| read(&dir.join(f)).ok();
     // memory.max only when memory.high was there: a Synchronize asks this
     // for every running container.
     let Some(high) = read("memory.high") else {
@@ -338,6 +370,22 @@ mod tests {
         // or someone set another value.
         assert!(!is_relaxed("max", "max", "max"));
         assert!(!is_relaxed("247463936", "250000000", "268435456"));
+    }
+
+    #[test]
+    fn small_reads_return_whole_files_of_any_size() {
+        let d = tempfile::tempdir().unwrap();
+        for size in [0, 1, 511, 512, 513, 4095, 4096, 4097, 70_000] {
+            let text: String = "abcdefghijklmnopqrstuvwxyz"
+                .chars()
+                .cycle()
+                .take(size)
+                .collect();
+            let path = d.path().join(format!("f{size}"));
+            std::fs::write(&path, &text).unwrap();
+            assert_eq!(read(&path).unwrap(), text, "{size} bytes");
+        }
+        assert!(read(&d.path().join("absent")).unwrap_err().is_not_found());
     }
 
     #[test]
