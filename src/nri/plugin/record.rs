@@ -1,5 +1,5 @@
-//! Deciding a container and recording it in the registry, Synchronize,
-//! and who owns a pod cgroup's protection (the kubelet or us).
+//! Deciding a container and recording it in the registry, and who owns a
+//! pod cgroup's protection (the kubelet or us); Synchronize is `sync.rs`.
 
 use super::*;
 
