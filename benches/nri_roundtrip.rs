@@ -556,7 +556,6 @@ fn print_table(results: &[SubjectRounds], floor: &[Latency], go_missing: Option<
     let cell = |s: Option<&SubjectRounds>, f: &dyn Fn(&SubjectRounds) -> String| {
         s.map_or_else(|| "—".to_string(), f)
     };
-    let ratio = |a: f64, b: f64| format!("{:.2}×", a / b);
     println!();
     println!("median over {rounds} rounds (range); ratios of medians");
     println!(
@@ -601,40 +600,19 @@ fn print_table(results: &[SubjectRounds], floor: &[Latency], go_missing: Option<
         cell(go, &|g| cpu(g).show("ms")),
         cell(go, &|g| ratio(cpu(g).median, cpu(qos).median)),
     );
-    let idle = |s: &SubjectRounds| s.stat(|r| mib(r.rss_idle_kib));
-    let after = |s: &SubjectRounds| s.stat(|r| mib(r.rss_after_kib));
-    println!(
-        "| RSS idle / after sync + {}k creates | {} / {} | {} | — | {} | — |",
-        CREATES / 1000,
-        idle(qos).show("MiB"),
-        after(qos).show("MiB"),
-        cell(go, &|g| format!(
-            "{} / {}",
-            idle(g).show("MiB"),
-            after(g).show("MiB")
-        )),
-        cell(go, &|g| format!(
-            "{} / {}",
-            ratio(idle(g).median, idle(qos).median),
-            ratio(after(g).median, after(qos).median)
-        )),
+    mib_pair_row(
+        &format!("RSS idle / after sync + {}k creates", CREATES / 1000),
+        qos,
+        go,
+        |r| r.rss_idle_kib,
+        |r| r.rss_after_kib,
     );
-    let anon = |s: &SubjectRounds| s.stat(|r| mib(r.anon_after_kib));
-    let file = |s: &SubjectRounds| s.stat(|r| mib(r.file_after_kib));
-    println!(
-        "| of which anonymous / file-backed (RssAnon / RssFile) | {} / {} | {} | — | {} | — |",
-        anon(qos).show("MiB"),
-        file(qos).show("MiB"),
-        cell(go, &|g| format!(
-            "{} / {}",
-            anon(g).show("MiB"),
-            file(g).show("MiB")
-        )),
-        cell(go, &|g| format!(
-            "{} / {}",
-            ratio(anon(g).median, anon(qos).median),
-            ratio(file(g).median, file(qos).median)
-        )),
+    mib_pair_row(
+        "of which anonymous / file-backed (RssAnon / RssFile)",
+        qos,
+        go,
+        |r| r.anon_after_kib,
+        |r| r.file_after_kib,
     );
     let hwm = |s: &SubjectRounds| s.stat(|r| mib(r.hwm_after_sync_kib));
     println!(
@@ -666,6 +644,36 @@ fn print_table(results: &[SubjectRounds], floor: &[Latency], go_missing: Option<
     if let Some(why) = go_missing {
         println!("Go stub column missing: {why}");
     }
+}
+
+/// A table row of two memory figures ("a / b", MiB) per plugin and the Go
+/// stub's ratios to nri-qos; the Go cells are empty without the Go stub.
+fn mib_pair_row(
+    label: &str,
+    qos: &SubjectRounds,
+    go: Option<&SubjectRounds>,
+    a: impl Fn(&RoundResult) -> u64,
+    b: impl Fn(&RoundResult) -> u64,
+) {
+    let a = |s: &SubjectRounds| s.stat(|r| mib(a(r)));
+    let b = |s: &SubjectRounds| s.stat(|r| mib(b(r)));
+    let both = |s: &SubjectRounds| format!("{} / {}", a(s).show("MiB"), b(s).show("MiB"));
+    let (go_cell, ratios) = match go {
+        Some(g) => (
+            both(g),
+            format!(
+                "{} / {}",
+                ratio(a(g).median, a(qos).median),
+                ratio(b(g).median, b(qos).median)
+            ),
+        ),
+        None => ("—".to_string(), "—".to_string()),
+    };
+    println!("| {label} | {} | {go_cell} | — | {ratios} | — |", both(qos));
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    format!("{:.2}×", a / b)
 }
 
 fn us(d: Duration) -> f64 {
