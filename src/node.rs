@@ -35,6 +35,13 @@ pub mod cluster;
 pub mod registry;
 pub mod relax;
 
+/// Locks `m` even when a holder panicked: our shared maps and links stay
+/// usable after a writer panicked mid-update, which matters less than
+/// refusing to serve.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[derive(Debug, Error)]
 pub enum NodeError {
     #[error("cannot read {path}")]

@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 use ttrpc::r#async::TtrpcContext;
 
 use super::{AuditError, Snapshot};
+use crate::node::lock;
 use crate::nri::proto::{api, api_ttrpc};
 use crate::nri::reassembly::SyncReassembler;
 use crate::nri::session::{self, Identity};
@@ -27,7 +28,7 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
         _ctx: &TtrpcContext,
         req: api::ConfigureRequest,
     ) -> ttrpc::Result<api::ConfigureResponse> {
-        *self.runtime.lock().unwrap_or_else(|e| e.into_inner()) = req.runtime_name;
+        *lock(&self.runtime) = req.runtime_name;
         // 0 would mean "every event"; subscribe to one harmless event instead.
         Ok(api::ConfigureResponse {
             events: 1 << (api::Event::REMOVE_POD_SANDBOX as i32 - 1),
@@ -42,13 +43,9 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
     ) -> ttrpc::Result<api::SynchronizeResponse> {
         let more = req.more;
         let timeout = crate::nri::plugin::request_timeout(ctx);
-        let whole = self.partial.lock().unwrap_or_else(|e| e.into_inner()).push(
-            req,
-            timeout,
-            Instant::now(),
-        );
+        let whole = lock(&self.partial).push(req, timeout, Instant::now());
         if let Some(whole) = whole {
-            if let Some(tx) = self.done.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if let Some(tx) = lock(&self.done).take() {
                 let _ = tx.send(whole.snapshot);
             }
         }
@@ -107,10 +104,6 @@ pub async fn collect(
         _ = &mut session => {}
         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
     }
-    snap.runtime = plugin
-        .runtime
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    snap.runtime = lock(&plugin.runtime).clone();
     Ok(snap)
 }

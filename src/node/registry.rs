@@ -189,9 +189,7 @@ pub type SharedRegistry = Arc<Mutex<Registry>>;
 
 impl PodRegistry for Mutex<Registry> {
     fn get(&self, uid: &str) -> Option<PodInfo> {
-        // A poisoned lock only means a writer panicked mid-update; the maps
-        // themselves are still usable.
-        let reg = self.lock().unwrap_or_else(|e| e.into_inner());
+        let reg = super::lock(self);
         reg.pod_by_uid(uid).map(|p| reg.pod_info(p))
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -24,6 +24,7 @@ use super::reassembly::{Complete, SyncReassembler};
 use crate::metrics::Metrics;
 use crate::node::cgroupfs::{self, read_protection, Owner, Protection, PAGE_SIZE};
 use crate::node::layout::{container_cgroup_dir, pod_cgroups};
+use crate::node::lock;
 use crate::node::registry::{
     ContainerRecord, ContainerRequests, PodRecord, Registry, SharedRegistry,
 };
@@ -144,12 +145,6 @@ async fn wait_for(flag: &watch::Sender<bool>, limit: Duration) -> bool {
     tokio::time::timeout(limit, rx.wait_for(|set| *set))
         .await
         .is_ok_and(|r| r.is_ok())
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A handler that panicked cannot leave these maps half-updated in a way
-    // that matters more than refusing to serve; keep going.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl QosPlugin {

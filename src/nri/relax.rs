@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use super::proto::{api, api_ttrpc::RuntimeClient};
+use crate::node::lock;
 use crate::node::relax::{RelaxRequest as Request, Relaxer};
 
 /// Bound on queued relax requests (bounded memory; a relax is rare).
@@ -42,21 +43,15 @@ pub static LINK: RuntimeLink = RuntimeLink {
 
 impl RuntimeLink {
     pub fn set(&self, client: Option<RuntimeClient>) {
-        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
+        *lock(&self.client) = client;
     }
 
     fn get(&self) -> Option<RuntimeClient> {
-        self.client
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.client).clone()
     }
 
     pub fn connected(&self) -> bool {
-        self.client
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        lock(&self.client).is_some()
     }
 }
 

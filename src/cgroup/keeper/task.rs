@@ -10,6 +10,7 @@ use tracing::{info, warn};
 
 use super::Keeper;
 use crate::node::cgroupfs::Owner;
+use crate::node::lock;
 use crate::node::registry::SharedRegistry;
 
 /// Runs the keeper next to the plugin: a pass on every registry change and
@@ -27,9 +28,9 @@ pub async fn run(
         let k = keeper.clone();
         let metrics = metrics.clone();
         let pass = tokio::task::spawn_blocking(move || {
-            let mut k = k.lock().unwrap_or_else(|p| p.into_inner());
+            let mut k = lock(&k);
             let pods = {
-                let reg = reg.lock().unwrap_or_else(|p| p.into_inner());
+                let reg = lock(&reg);
                 k.pods_from_registry(&reg)
             };
             let report = k.reconcile(&pods);
@@ -42,7 +43,7 @@ pub async fn run(
                 m.set_protection_owners(kubelet as u64, (k.owners().len() - kubelet) as u64);
             }
             // The plugin reads the decisions for later containers of these pods.
-            let mut reg = reg.lock().unwrap_or_else(|p| p.into_inner());
+            let mut reg = lock(&reg);
             reg.owners
                 .retain(|cg, _| k.owners.contains_key(cg) || k.root.join(cg).exists());
             hand_back(&mut reg.owners, k.owners());
