@@ -299,13 +299,13 @@ pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
 
 /// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
 pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
-    let read = |f: &str| read(&dir.join(f)).ok();
+    let file = |f: &str| read(&dir.join(f)).ok();
     // memory.max only when memory.high was there: a Synchronize asks this
     // for every running container.
-    let Some(high) = read("memory.high") else {
+    let Some(high) = file("memory.high") else {
         return false;
     };
-    read("memory.max").is_some_and(|max| is_relaxed(wanted, &high, &max))
+    file("memory.max").is_some_and(|max| is_relaxed(wanted, &high, &max))
 }
 
 #[cfg(test)]
