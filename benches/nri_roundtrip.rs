@@ -22,7 +22,7 @@
 //! print nri-qos's own handler-time histogram from its metrics endpoint,
 //! which serves on the plugin's one thread: nri-qos only),
 //! `NRI_BENCH_SMAPS_DIR` (save each plugin's `/proc/<pid>/smaps` there at
-//! idle and after the creates).
+//! idle, after the Synchronize and after the creates).
 
 // Test code: a failed unwrap is the test failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -414,6 +414,7 @@ impl Plugin {
         }
         self.sync_time = t.elapsed();
         self.hwm_after_sync_kib = self.process.status_value("VmHWM");
+        save_smaps(self.name, self.process.child.id(), "synced");
     }
 
     async fn create(&self, req: &api::CreateContainerRequest) -> api::CreateContainerResponse {
