@@ -58,7 +58,7 @@ pub fn cpu_weight_quadratic(shares: u64) -> u64 {
     }
     // The `libm` crate, not std's `log2`/`powf`: those are the only calls
     // the plugin makes into libm.so, and linking it costs 0.3-0.6 MiB of
-    // RSS (README, "Memory after a sync"). Same value for every input (tested below).
+    // RSS (docs/benchmarks.md, "Memory after a sync"). Same value for every input (tested below).
     let l = libm::log2(shares as f64);
     let exponent = (l * l + 125.0 * l) / 612.0 - 7.0 / 34.0;
     // 2 < shares < 262144, so the power is finite, positive and below 10^4.
