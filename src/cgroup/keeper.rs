@@ -145,7 +145,7 @@ impl Keeper {
     pub fn pods_from_registry(&mut self, reg: &Registry) -> Vec<PodProtection> {
         let mut per_pod: HashMap<&str, (u64, u64, bool)> = HashMap::new();
         for c in reg.containers.values() {
-            let e = per_pod.entry(c.pod_id.as_str()).or_default();
+            let e = per_pod.entry(&*c.pod_id).or_default();
             e.0 = e.0.saturating_add(c.memory_min);
             e.1 = e.1.saturating_add(c.memory_low);
             e.2 |= c.kubelet_memory_qos;
@@ -163,7 +163,7 @@ impl Keeper {
         for (pod_id, pod) in &reg.pods {
             let parent = &pod.cgroup_parent;
             let Some(cgroups) = pod_cgroups(parent) else {
-                if !parent.is_empty() && self.warned_layouts.insert(parent.clone()) {
+                if !parent.is_empty() && self.warned_layouts.insert(parent.to_string()) {
                     info!(cgroup_parent = %parent, pod = %pod.name, "not a kubelet cgroup layout; pod-level protection left alone");
                 }
                 continue;
@@ -473,18 +473,18 @@ mod tests {
             reg.pods.insert(
                 pod.to_string(),
                 PodRecord {
-                    id: pod.to_string(),
-                    name: pod.to_string(),
-                    cgroup_parent: parent.to_string(),
+                    id: (*pod).into(),
+                    name: (*pod).into(),
+                    cgroup_parent: (*parent).into(),
                     ..Default::default()
                 },
             );
             reg.containers.insert(
                 format!("c{i}"),
                 ContainerRecord {
-                    id: format!("c{i}"),
-                    pod_id: pod.to_string(),
-                    name: format!("c{i}"),
+                    id: format!("c{i}").into(),
+                    pod_id: (*pod).into(),
+                    name: format!("c{i}").into(),
                     class: QosClass::Burstable,
                     memory_request: None,
                     request_source: crate::qos::RequestSource::Unknown,
@@ -493,7 +493,7 @@ mod tests {
                     memory_high: 0,
                     kubelet_memory_qos: false,
                     oom_score_adj: None,
-                    cgroups_path: String::new(),
+                    cgroups_path: "".into(),
                 },
             );
         }
@@ -538,7 +538,7 @@ mod tests {
 
         // Pod a goes away: its protection leaves kubepods too.
         reg.pods.remove("a");
-        reg.containers.retain(|_, c| c.pod_id != "a");
+        reg.containers.retain(|_, c| &*c.pod_id != "a");
         pass(&mut k, &reg);
         assert_eq!(read(root, "kubepods", "memory.min"), 0);
         assert_eq!(read(root, "kubepods", "memory.low"), 512 << 20);
@@ -733,7 +733,7 @@ mod tests {
                     let visible = rng.below(2) == 0;
                     let mut one = registry(&[(&format!("k{next}"), &parent, 0, 0)]);
                     for c in one.containers.values_mut() {
-                        c.id = format!("k{next}");
+                        c.id = format!("k{next}").into();
                         c.kubelet_memory_qos = visible;
                         if visible {
                             (c.memory_min, c.memory_low) =
@@ -742,7 +742,7 @@ mod tests {
                     }
                     reg.pods.extend(one.pods);
                     reg.containers
-                        .extend(one.containers.into_values().map(|c| (c.id.clone(), c)));
+                        .extend(one.containers.into_values().map(|c| (c.id.to_string(), c)));
                 }
                 // A pod the kubelet does not protect: nri-qos's alone.
                 2 => {
@@ -753,8 +753,8 @@ mod tests {
                     let one = registry(&[(&format!("u{next}"), &parent, 0, low)]);
                     reg.pods.extend(one.pods);
                     for (_, mut c) in one.containers {
-                        c.id = format!("u{next}");
-                        reg.containers.insert(c.id.clone(), c);
+                        c.id = format!("u{next}").into();
+                        reg.containers.insert(c.id.to_string(), c);
                     }
                 }
                 // A pod goes away (the kubelet removes its cgroup).
@@ -763,7 +763,7 @@ mod tests {
                     if let Some(id) = ids.get(rng.below(ids.len() as u64) as usize) {
                         let cg = pod_cgroups(&reg.pods[id].cgroup_parent).unwrap().pod;
                         reg.pods.remove(id);
-                        reg.containers.retain(|_, c| &c.pod_id != id);
+                        reg.containers.retain(|_, c| *c.pod_id != **id);
                         std::fs::remove_dir_all(root.join(&cg)).unwrap();
                         let cg = cg.to_str().unwrap().to_string();
                         kubelet_pods.remove(&cg);
@@ -814,7 +814,7 @@ mod tests {
                         let want: u64 = reg
                             .containers
                             .values()
-                            .filter(|c| &c.pod_id == id)
+                            .filter(|c| *c.pod_id == **id)
                             .map(|c| c.memory_low)
                             .sum();
                         assert_eq!(
@@ -864,7 +864,7 @@ mod tests {
         reg.containers
             .extend(more.containers.into_values().map(|mut c| {
                 c.id = "cb".into();
-                (c.id.clone(), c)
+                (c.id.to_string(), c)
             }));
         let mut k2 = Keeper::new(root.to_path_buf(), cfg, 4 << 30);
         let r = pass(&mut k2, &reg);

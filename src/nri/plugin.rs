@@ -301,7 +301,7 @@ impl QosPlugin {
     fn forget_pod(&self, id: &str) {
         let mut reg = lock(&self.registry);
         let had = reg.pods.remove(id).is_some();
-        reg.containers.retain(|_, c| c.pod_id != id);
+        reg.containers.retain(|_, c| &*c.pod_id != id);
         drop(reg);
         if had {
             self.notify_changed();

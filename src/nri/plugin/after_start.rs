@@ -95,13 +95,13 @@ impl QosPlugin {
             if c.kubelet_memory_qos {
                 return;
             }
-            let Some(pod) = reg.pods.get(&c.pod_id) else {
+            let Some(pod) = reg.pods.get(&*c.pod_id) else {
                 return;
             };
             (
-                c.pod_id.clone(),
-                pod.cgroup_parent.clone(),
-                c.cgroups_path.clone(),
+                c.pod_id.to_string(),
+                pod.cgroup_parent.to_string(),
+                c.cgroups_path.to_string(),
                 [c.memory_min, c.memory_low, c.memory_high],
             )
         };
@@ -168,7 +168,7 @@ impl QosPlugin {
             "a started container holds a memory key nri-qos did not set: the kubelet's Memory QoS owns its pod's protection; later containers' memory.min/low/high left to it"
         );
         reg.owners.insert(pod_cg.to_path_buf(), Owner::Kubelet);
-        for c in reg.containers.values_mut().filter(|c| c.pod_id == pod_id) {
+        for c in reg.containers.values_mut().filter(|c| &*c.pod_id == pod_id) {
             c.kubelet_memory_qos = true;
         }
         true

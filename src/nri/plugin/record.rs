@@ -88,22 +88,22 @@ impl QosPlugin {
 /// What the registry keeps of a pod the runtime described.
 pub(super) fn pod_record(id: &str, facts: &qos::PodFacts) -> PodRecord {
     PodRecord {
-        id: id.to_string(),
-        uid: facts.uid.clone(),
-        namespace: facts.namespace.clone(),
-        name: facts.name.clone(),
-        cgroup_parent: facts.cgroup_parent.clone(),
+        id: id.into(),
+        uid: facts.uid.as_str().into(),
+        namespace: facts.namespace.as_str().into(),
+        name: facts.name.as_str().into(),
+        cgroup_parent: facts.cgroup_parent.as_str().into(),
     }
 }
 
 /// [`pod_record`] from facts no longer needed: their strings move.
 fn pod_record_from(id: &str, facts: qos::PodFacts) -> PodRecord {
     PodRecord {
-        id: id.to_string(),
-        uid: facts.uid,
-        namespace: facts.namespace,
-        name: facts.name,
-        cgroup_parent: facts.cgroup_parent,
+        id: id.into(),
+        uid: facts.uid.into(),
+        namespace: facts.namespace.into(),
+        name: facts.name.into(),
+        cgroup_parent: facts.cgroup_parent.into(),
     }
 }
 
@@ -197,13 +197,13 @@ pub(super) fn container_record(
             .unwrap_or(0)
     };
     ContainerRecord {
-        id: container.id.clone(),
+        id: container.id.as_str().into(),
         pod_id: if container.pod_sandbox_id.is_empty() {
-            pod.id.clone()
+            pod.id.as_str().into()
         } else {
-            container.pod_sandbox_id.clone()
+            container.pod_sandbox_id.as_str().into()
         },
-        name: facts.name,
+        name: facts.name.into(),
         class: decision.class,
         memory_request: decision.memory_request,
         request_source: decision.request_source,
@@ -213,7 +213,7 @@ pub(super) fn container_record(
         kubelet_memory_qos: pod_facts.kubelet_memory_qos
             || qos::policy::kubelet_memory_qos_keys(&facts.resources),
         oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
-        cgroups_path: facts.cgroups_path,
+        cgroups_path: facts.cgroups_path.into(),
     }
 }
 

@@ -400,11 +400,11 @@ fn synchronize_answers_in_the_order_sent_and_a_pod_sent_twice_keeps_the_later_de
     assert_eq!(ids, sent);
     let reg = lock(&p.registry);
     assert_eq!(
-        reg.pods["a"].name, "a-later",
+        &*reg.pods["a"].name, "a-later",
         "its containers were decided with it"
     );
     // Pod c has no container: the first description of an id stands.
-    assert_eq!(reg.pods["c"].name, "c");
+    assert_eq!(&*reg.pods["c"].name, "c");
     assert_eq!(reg.pods.len(), 3);
     assert_eq!(
         reg.containers.len(),
