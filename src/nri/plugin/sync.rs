@@ -8,6 +8,7 @@
 use super::after_start;
 use super::record::{add_protection, container_record, own_protection, pod_record, whole_pages};
 use super::*;
+use crate::node::layout::PodCgroups;
 
 /// One container of a pod being synchronized: its index in the snapshot,
 /// its facts and decision, and when deciding it started.
@@ -94,7 +95,7 @@ impl QosPlugin {
             let mut decided = decide_all(&pod_facts);
             let unknown = pod_cg.filter(|_| !pod_facts.kubelet_memory_qos);
             if unknown.is_some_and(|cg| {
-                self.kubelet_found_in_sync(pod, cg.pod, &buf.containers, &decided)
+                self.kubelet_found_in_sync(pod, cg, &buf.containers, &decided)
             }) {
                 pod_facts.kubelet_memory_qos = true;
                 decided = decide_all(&pod_facts);
@@ -160,17 +161,24 @@ impl QosPlugin {
     /// more protection than our own policy gives its containers (`decided`,
     /// see [`own_pod_protection`]) was protected by the kubelet (the keeper
     /// and `audit` apply the same rule). Failing that, a running container
-    /// may hold a key the kubelet set where we did not (as at its start).
-    /// True when the pod is found the kubelet's now.
+    /// may hold a key the kubelet set where we did not (as at its start):
+    /// only the keys the kubelet may set on its class are read
+    /// ([`after_start::kubelet_may_set`]). True when the pod is found the
+    /// kubelet's now.
     fn kubelet_found_in_sync(
         &self,
         pod: &api::PodSandbox,
-        pod_cg: PathBuf,
+        cg: PodCgroups,
         containers: &[api::Container],
         decided: &[Decided],
     ) -> bool {
+        let pod_cg = cg.pod;
+        let mut pod_absent = false;
         if !lock(&self.registry).owners.contains_key(&pod_cg) {
-            let on_disk = read_protection(&self.settings.cgroup_root.join(&pod_cg));
+            let dir = self.settings.cgroup_root.join(&pod_cg);
+            let present = cgroupfs::read_protection_present(&dir);
+            pod_absent = present.is_none();
+            let on_disk = present.unwrap_or_default();
             let ours = decided
                 .iter()
                 .fold(Protection::default(), |sum, (_, f, d, _)| {
@@ -192,12 +200,19 @@ impl QosPlugin {
             let c = &containers[*i];
             let running = c.state.enum_value() == Ok(api::ContainerState::CONTAINER_RUNNING);
             let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+            // A pod cgroup without memory.min (gone, or no memory
+            // controller) has no memory files in the cgroups below it
+            // either: a read there could only find nothing.
+            let below_absent = || {
+                pod_absent && container_cgroup_dir(path).is_some_and(|r| r.starts_with(&pod_cg))
+            };
             running
+                && !below_absent()
                 && self.kubelet_keys_in_started_below(
                     &pod.id,
                     &pod_cg,
                     path,
-                    after_start::known_keys(facts, d),
+                    after_start::known_keys(Some(cg.class), facts, d),
                 )
         })
     }
