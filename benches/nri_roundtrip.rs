@@ -262,8 +262,14 @@ async fn write_node_tree(
     for m in sync_msgs {
         let resp = plugin.session.plugin.synchronize(ctx(), m).await.unwrap();
         for u in resp.update {
-            let unified = u.linux.into_option().and_then(|l| l.resources.into_option());
-            written.insert(u.container_id, unified.map(|r| r.unified).unwrap_or_default());
+            let unified = u
+                .linux
+                .into_option()
+                .and_then(|l| l.resources.into_option());
+            written.insert(
+                u.container_id,
+                unified.map(|r| r.unified).unwrap_or_default(),
+            );
         }
     }
     drop(plugin);

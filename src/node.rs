@@ -68,7 +68,24 @@ pub struct UnsafePath {
 /// Windows prefix is refused. Every path a peer supplies goes through here
 /// (or [`join_inside`]) before it touches the filesystem.
 pub fn relative_inside(rel: impl AsRef<Path>) -> Result<PathBuf, UnsafePath> {
+    let mut out = PathBuf::new();
+    push_inside(&mut out, rel.as_ref())?;
+    Ok(out)
+}
+
+/// `root` joined with `rel`, which can never name anything outside `root`
+/// (see [`relative_inside`]). One allocation: a Synchronize joins a path
+/// for every running container.
+pub fn join_inside(root: &Path, rel: impl AsRef<Path>) -> Result<PathBuf, UnsafePath> {
     let rel = rel.as_ref();
+    let mut out = PathBuf::with_capacity(root.as_os_str().len() + rel.as_os_str().len() + 24);
+    out.push(root);
+    push_inside(&mut out, rel)?;
+    Ok(out)
+}
+
+/// Pushes the parts of `rel` onto `out` as [`relative_inside`] takes them.
+fn push_inside(out: &mut PathBuf, rel: &Path) -> Result<(), UnsafePath> {
     let refuse = |reason| UnsafePath {
         path: rel.display().to_string(),
         reason,
@@ -76,7 +93,6 @@ pub fn relative_inside(rel: impl AsRef<Path>) -> Result<PathBuf, UnsafePath> {
     if rel.as_os_str().as_encoded_bytes().contains(&0) {
         return Err(refuse("contains a NUL byte"));
     }
-    let mut out = PathBuf::new();
     for c in rel.components() {
         match c {
             Component::Normal(part) => out.push(part),
@@ -85,13 +101,7 @@ pub fn relative_inside(rel: impl AsRef<Path>) -> Result<PathBuf, UnsafePath> {
             Component::Prefix(_) => return Err(refuse("has a path prefix")),
         }
     }
-    Ok(out)
-}
-
-/// `root` joined with `rel`, which can never name anything outside `root`
-/// (see [`relative_inside`]).
-pub fn join_inside(root: &Path, rel: impl AsRef<Path>) -> Result<PathBuf, UnsafePath> {
-    relative_inside(rel).map(|r| root.join(r))
+    Ok(())
 }
 
 /// MemTotal in bytes from a /proc/meminfo text.

@@ -113,7 +113,9 @@ pub fn with_value<T>(path: &Path, f: impl FnOnce(&str) -> T) -> io::Result<T> {
 
 /// [`read_single`] through [`with_value`]: `None` when unreadable or junk.
 pub fn single_value(path: &Path) -> Option<Option<u64>> {
-    with_value(path, |t| parse_single(path, t).ok()).ok().flatten()
+    with_value(path, |t| parse_single(path, t).ok())
+        .ok()
+        .flatten()
 }
 
 /// `key value` lines (memory.stat, memory.events, cgroup.events).

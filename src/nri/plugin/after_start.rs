@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::*;
-use crate::node::layout::pod_class;
+use crate::node::layout::{container_cgroup_dir_in, pod_class};
 
 /// The protection keys the kubelet's Memory QoS sets on a container.
 const KUBELET_KEYS: [&str; 3] = ["memory.min", "memory.low", "memory.high"];
@@ -182,7 +182,7 @@ impl QosPlugin {
         cgroups_path: &str,
         known: [u64; 3],
     ) -> bool {
-        let Some(rel) = container_cgroup_dir(cgroups_path) else {
+        let Some(dir) = container_cgroup_dir_in(&self.settings.cgroup_root, cgroups_path) else {
             return false;
         };
         // The keeper hands back its decisions: nri-qos may still give way.
@@ -190,7 +190,6 @@ impl QosPlugin {
         if decided(&lock(&self.registry)) {
             return false;
         }
-        let dir = self.settings.cgroup_root.join(rel);
         let Some((key, value)) = hidden_kubelet_key(&dir, known) else {
             return false;
         };

@@ -8,7 +8,7 @@
 use super::after_start;
 use super::record::{add_protection, container_record, own_protection, pod_record, whole_pages};
 use super::*;
-use crate::node::layout::PodCgroups;
+use crate::node::layout::{container_cgroup_dir_in, PodCgroups};
 
 /// One container of a pod being synchronized: its index in the snapshot,
 /// its facts and decision, and when deciding it started.
@@ -94,9 +94,9 @@ impl QosPlugin {
             }
             let mut decided = decide_all(&pod_facts);
             let unknown = pod_cg.filter(|_| !pod_facts.kubelet_memory_qos);
-            if unknown.is_some_and(|cg| {
-                self.kubelet_found_in_sync(pod, cg, &buf.containers, &decided)
-            }) {
+            if unknown
+                .is_some_and(|cg| self.kubelet_found_in_sync(pod, cg, &buf.containers, &decided))
+            {
                 pod_facts.kubelet_memory_qos = true;
                 decided = decide_all(&pod_facts);
             }
@@ -203,9 +203,8 @@ impl QosPlugin {
             // A pod cgroup without memory.min (gone, or no memory
             // controller) has no memory files in the cgroups below it
             // either: a read there could only find nothing.
-            let below_absent = || {
-                pod_absent && container_cgroup_dir(path).is_some_and(|r| r.starts_with(&pod_cg))
-            };
+            let below_absent =
+                || pod_absent && container_cgroup_dir(path).is_some_and(|r| r.starts_with(&pod_cg));
             running
                 && !below_absent()
                 && self.kubelet_keys_in_started_below(
@@ -225,10 +224,9 @@ impl QosPlugin {
             return;
         };
         let cgroups_path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
-        let Some(rel) = container_cgroup_dir(cgroups_path) else {
+        let Some(dir) = container_cgroup_dir_in(&self.settings.cgroup_root, cgroups_path) else {
             return;
         };
-        let dir = self.settings.cgroup_root.join(rel);
         if cgroupfs::relaxed_in_tree(&dir, want) {
             info!(container = %c.id, wanted = %want, "memory.high was relaxed by the throttle guard; leaving it");
             adjustment.unified.remove("memory.high");

@@ -473,11 +473,17 @@ fn synchronize_reads_only_the_keys_the_kubelet_may_set_on_the_class() {
     container_files(root, "/kubepods/podg/cg", &foreign);
     let foreign = [("memory.min", "268435456"), ("memory.low", "268435456")];
     container_files(root, "/kubepods/besteffort/pode/ce", &foreign);
-    assert!(
-        kubelet_pods_after_sync(root, vec![g.clone(), e.clone()], vec![cg.clone(), ce.clone()])
-            .is_empty()
+    assert!(kubelet_pods_after_sync(
+        root,
+        vec![g.clone(), e.clone()],
+        vec![cg.clone(), ce.clone()]
+    )
+    .is_empty());
+    container_files(
+        root,
+        "/kubepods/burstable/podb/cb",
+        &[("memory.min", "268435456")],
     );
-    container_files(root, "/kubepods/burstable/podb/cb", &[("memory.min", "268435456")]);
     assert_eq!(
         kubelet_pods_after_sync(root, vec![g, e, b], vec![cg, ce, cb]),
         [std::path::PathBuf::from("kubepods/burstable/podb")]
