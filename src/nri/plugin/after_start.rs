@@ -63,8 +63,7 @@ pub(super) fn known_keys(
     facts: &qos::ContainerFacts,
     decision: &qos::Decision,
 ) -> [u64; 3] {
-    let may_set = kubelet_class.map_or([true; 3], kubelet_may_set);
-    let mut known = KUBELET_KEYS.map(|k| {
+    let known = KUBELET_KEYS.map(|k| {
         decision
             .adjustment
             .unified
@@ -73,6 +72,14 @@ pub(super) fn known_keys(
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(0)
     });
+    only_the_kubelets(kubelet_class, known)
+}
+
+/// `known` with [`NOT_THE_KUBELETS`] for the keys the kubelet never sets on
+/// a container of a pod it placed in `kubelet_class` (`None`: not the
+/// kubelet's layout, every key counts).
+fn only_the_kubelets(kubelet_class: Option<QosClass>, mut known: [u64; 3]) -> [u64; 3] {
+    let may_set = kubelet_class.map_or([true; 3], kubelet_may_set);
     for (k, may) in known.iter_mut().zip(may_set) {
         if !may {
             *k = NOT_THE_KUBELETS;
@@ -119,8 +126,9 @@ impl QosPlugin {
     /// PostStartContainer: a started container whose cgroup holds a
     /// protection key we neither set nor saw (memory.min on a Burstable
     /// container, where we set memory.low) tells that the kubelet's Memory
-    /// QoS manages its pod. A few small reads, once per container until
-    /// its pod is decided.
+    /// QoS manages its pod; only the keys the kubelet may set on the pod's
+    /// class count ([`kubelet_may_set`]). A few small reads, once per
+    /// container until its pod is decided.
     pub(super) fn learn_owner_after_start(&self, container: &api::Container) {
         if !self.owners_from_tree(&self.live().policy) {
             return;
@@ -137,11 +145,12 @@ impl QosPlugin {
             let Some(pod) = reg.pods.get(&c.pod_id) else {
                 return;
             };
+            let known = [c.memory_min, c.memory_low, c.memory_high];
             (
                 c.pod_id.clone(),
                 pod.cgroup_parent.clone(),
                 c.cgroups_path.clone(),
-                [c.memory_min, c.memory_low, c.memory_high],
+                only_the_kubelets(pod_class(&pod.cgroup_parent), known),
             )
         };
         if self.kubelet_keys_in_started(&pod_id, &parent, &path, known) {

@@ -512,3 +512,28 @@ fn synchronize_skips_the_containers_below_a_pod_cgroup_without_memory_files() {
         [std::path::PathBuf::from("kubepods/burstable/poda")]
     );
 }
+
+/// At a container's start as in a Synchronize: memory.high on a Guaranteed
+/// container is never the kubelet's, so its file is not even read.
+#[tokio::test]
+async fn a_started_guaranteed_container_is_not_read_for_keys_the_kubelet_never_sets_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let p = plugin(root);
+    let ctx = TtrpcContext::default();
+    let mut pod = kubelet_pod(root, "g", 0);
+    pod.linux.mut_or_insert_default().cgroup_parent = "/kubepods/podg".into();
+    let c = in_cgroup(hidden_container("cg", "g"), "/kubepods/podg/cg");
+    p.state_change(&ctx, event(api::Event::RUN_POD_SANDBOX, &pod, None))
+        .await
+        .unwrap();
+    p.decide_and_record(&pod, &c, None);
+    container_files(root, "/kubepods/podg/cg", &[("memory.high", "509943808")]);
+    p.state_change(
+        &ctx,
+        event(api::Event::POST_START_CONTAINER, &pod, Some(&c)),
+    )
+    .await
+    .unwrap();
+    assert!(lock(&p.registry).owners.is_empty());
+}
