@@ -191,6 +191,11 @@ impl QosPlugin {
         cgroups_path: &str,
         known: [u64; 3],
     ) -> bool {
+        // No key left to read (ours, carried, or never the kubelet's on
+        // this class): no path to build either.
+        if !known.contains(&0) {
+            return false;
+        }
         let Some(dir) = container_cgroup_dir_in(&self.settings.cgroup_root, cgroups_path) else {
             return false;
         };
