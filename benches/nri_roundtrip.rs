@@ -22,7 +22,15 @@
 //! print nri-qos's own handler-time histogram from its metrics endpoint,
 //! which serves on the plugin's one thread: nri-qos only),
 //! `NRI_BENCH_SMAPS_DIR` (save each plugin's `/proc/<pid>/smaps` there at
-//! idle and after the creates).
+//! idle and after the creates), `NRI_BENCH_CGROUP_TREE=empty` (no pod or
+//! container cgroups under the plugin's cgroup root, as before 2026-11-24:
+//! every read of the Synchronize fails).
+//!
+//! The plugin's cgroup root is a temp dir that says v2 and holds what a node
+//! shows: a cgroup per pod and per container (kubelet cgroupfs layout, from
+//! the objects' `cgroup_parent` / `cgroups_path`) with the values nri-qos
+//! answers a first Synchronize with, so the Synchronize pays the reads of
+//! the owner rules as on a node.
 
 // Test code: a failed unwrap is the test failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -205,14 +205,11 @@ impl QosPlugin {
             // either: a read there could only find nothing.
             let below_absent =
                 || pod_absent && container_cgroup_dir(path).is_some_and(|r| r.starts_with(&pod_cg));
+            let known = after_start::known_keys(Some(cg.class), facts, d);
             running
+                && known.contains(&0)
                 && !below_absent()
-                && self.kubelet_keys_in_started_below(
-                    &pod.id,
-                    &pod_cg,
-                    path,
-                    after_start::known_keys(Some(cg.class), facts, d),
-                )
+                && self.kubelet_keys_in_started_below(&pod.id, &pod_cg, path, known)
         })
     }
 
