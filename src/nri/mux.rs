@@ -398,8 +398,7 @@ fn status_response(status: ttrpc::Status) -> ttrpc::Response {
     }
 }
 
-/// A message of conn 1 as owned values, so its raw bytes can be freed
-/// before its method runs.
+/// A conn-1 message, owned: its raw bytes can be freed before its method runs.
 enum Parsed {
     /// A request for a method, with the message header it came with.
     Request(MessageHeader, ttrpc::Request),
@@ -458,11 +457,8 @@ async fn answer(services: &Services, msg: Parsed, out: &mut Answers) {
     match msg {
         Parsed::Request(header, req) => {
             let stream_id = header.stream_id;
-            let resp = match call(services, header, req).await {
-                Ok(resp) => resp,
-                Err(status) => status_response(status),
-            };
-            out.push(stream_id, &resp);
+            let resp = call(services, header, req).await;
+            out.push(stream_id, &resp.unwrap_or_else(status_response));
         }
         Parsed::Refused(stream_id, status) => out.push(stream_id, &status_response(status)),
         Parsed::Ignored => {}
