@@ -537,3 +537,60 @@ async fn a_started_guaranteed_container_is_not_read_for_keys_the_kubelet_never_s
     .unwrap();
     assert!(lock(&p.registry).owners.is_empty());
 }
+
+/// Every update and record of a Synchronize, in one message or in chunks:
+/// the records are built from containers taken out of the snapshot as it
+/// is processed, which must not change what they say.
+async fn synchronized(
+    p: &QosPlugin,
+    chunks: Vec<api::SynchronizeRequest>,
+) -> (Vec<api::ContainerUpdate>, Vec<String>) {
+    let mut updates = Vec::new();
+    for chunk in chunks {
+        let resp = p.synchronize(&TtrpcContext::default(), chunk).await;
+        updates = resp.unwrap().update;
+    }
+    let reg = lock(&p.registry);
+    let mut records: Vec<String> = reg.pods.values().map(|r| format!("{r:?}")).collect();
+    records.extend(reg.containers.values().map(|r| format!("{r:?}")));
+    records.sort();
+    (updates, records)
+}
+
+#[tokio::test]
+async fn a_chunked_synchronize_gives_the_registry_and_updates_of_one_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let pods = ["a", "b", "c"].map(|id| kubelet_pod(dir.path(), id, 0));
+    let containers: Vec<_> = ["a1", "b1", "a2", "c1", "b2"]
+        .iter()
+        .map(|id| {
+            let path = format!("/kubepods/burstable/pod{}/{id}", &id[..1]);
+            in_cgroup(hidden_container(id, &id[..1]), &path)
+        })
+        .collect();
+    let msg =
+        |pods: &[api::PodSandbox], containers: &[api::Container], more| api::SynchronizeRequest {
+            pods: pods.to_vec(),
+            containers: containers.to_vec(),
+            more,
+            ..Default::default()
+        };
+    let whole = vec![msg(&pods, &containers, false)];
+    let chunked = vec![
+        msg(&pods[..1], &containers[..1], true),
+        msg(&pods[1..], &containers[1..3], true),
+        msg(&[], &containers[3..], false),
+    ];
+    let (updates, records) = synchronized(&plugin(dir.path()), whole).await;
+    let ids: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
+    assert_eq!(ids, ["a1", "b1", "a2", "c1", "b2"]);
+    assert_eq!(records.len(), 8, "3 pods and 5 containers: {records:?}");
+    for c in &containers {
+        let path = &c.linux.cgroups_path;
+        assert!(records.iter().any(|r| r.contains(path.as_str())), "{path}");
+    }
+    assert_eq!(
+        synchronized(&plugin(dir.path()), chunked).await,
+        (updates, records)
+    );
+}
