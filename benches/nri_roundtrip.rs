@@ -22,7 +22,16 @@
 //! print nri-qos's own handler-time histogram from its metrics endpoint,
 //! which serves on the plugin's one thread: nri-qos only),
 //! `NRI_BENCH_SMAPS_DIR` (save each plugin's `/proc/<pid>/smaps` there at
-//! idle, after the Synchronize and after the creates).
+//! idle, after the Synchronize and after the creates),
+//! `NRI_BENCH_CGROUP_TREE=empty` (no pod or container cgroups under the
+//! plugin's cgroup root, as before 2026-11-24: every read of the
+//! Synchronize fails).
+//!
+//! The plugin's cgroup root is a temp dir that says v2 and holds what a node
+//! shows: a cgroup per pod and per container (kubelet cgroupfs layout, from
+//! the objects' `cgroup_parent` / `cgroups_path`) with the values nri-qos
+//! answers a first Synchronize with, so the Synchronize pays the reads of
+//! the owner rules as on a node.
 
 // Test code: a failed unwrap is the test failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -88,6 +97,19 @@ fn main() {
 
     let workload = Workload::new();
     let sync_msgs = containerd_sync_messages(&workload.pods, &workload.containers, sync_msg_max);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let empty_tree = std::env::var("NRI_BENCH_CGROUP_TREE").is_ok_and(|v| v == "empty");
+    if !empty_tree {
+        rt.block_on(write_node_tree(
+            fake_cgroup.path(),
+            &workload,
+            &sync_msgs,
+            &nri_qos_bin,
+        ));
+    }
     assert_eq!(
         sync_msgs.iter().map(|m| m.pods.len()).sum::<usize>(),
         PODS,
@@ -119,10 +141,14 @@ fn main() {
         println!("Go stub column missing: {why}");
     }
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    println!(
+        "cgroup tree: {}",
+        if empty_tree {
+            "empty (every read the Synchronize makes fails)"
+        } else {
+            "a pod and a container cgroup per object, holding what nri-qos wrote (NRI_BENCH_CGROUP_TREE=empty: none)"
+        }
+    );
     let mut floor = Floor::spawn();
     let mut results: Vec<SubjectRounds> = Vec::new();
     let mut floor_rounds = Vec::new();
@@ -222,6 +248,73 @@ fn go_stub_binary() -> Result<PathBuf, String> {
     }
 }
 
+/// The node the plugin reads while it synchronizes: every pod's cgroup
+/// and every container's below it (kubelet cgroupfs layout, as the pods'
+/// `cgroup_parent` and the containers' `cgroups_path` say), holding what a
+/// node shows once nri-qos adjusted the running containers: the unified
+/// values it answers a first Synchronize with (on an empty tree), the
+/// kernel's defaults elsewhere, memory.max the container's limit, and no
+/// protection on the pod cgroups (the hierarchy keeper is off).
+async fn write_node_tree(
+    root: &Path,
+    workload: &Workload,
+    sync_msgs: &[api::SynchronizeRequest],
+    bin: &Path,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nri-qos.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let process = PluginProcess::external(&sock, dir.path(), &["--log-level", "warn"]);
+    let plugin = Plugin::connect("nri-qos", bin, process, listener).await;
+    let mut written: std::collections::HashMap<String, std::collections::HashMap<String, String>> =
+        Default::default();
+    for m in sync_msgs {
+        let resp = plugin.session.plugin.synchronize(ctx(), m).await.unwrap();
+        for u in resp.update {
+            let unified = u
+                .linux
+                .into_option()
+                .and_then(|l| l.resources.into_option());
+            written.insert(
+                u.container_id,
+                unified.map(|r| r.unified).unwrap_or_default(),
+            );
+        }
+    }
+    drop(plugin);
+    let write = |dir: &Path, files: &[(&str, String)]| {
+        std::fs::create_dir_all(dir).unwrap();
+        for (name, value) in files {
+            std::fs::write(dir.join(name), format!("{value}\n")).unwrap();
+        }
+    };
+    for p in &workload.pods {
+        let parent = p.linux.cgroup_parent.trim_start_matches('/');
+        write(
+            &root.join(parent),
+            &[("memory.min", "0".into()), ("memory.low", "0".into())],
+        );
+    }
+    for c in &workload.containers {
+        let linux = c.linux.get_or_default();
+        let set = written.get(&c.id);
+        let key = |k: &str, default: &str| {
+            let v = set.and_then(|u| u.get(k)).map_or(default, String::as_str);
+            v.to_string()
+        };
+        let limit = linux.resources.memory.limit.value;
+        write(
+            &root.join(linux.cgroups_path.trim_start_matches('/')),
+            &[
+                ("memory.min", key("memory.min", "0")),
+                ("memory.low", key("memory.low", "0")),
+                ("memory.high", key("memory.high", "max")),
+                ("memory.max", limit.to_string()),
+            ],
+        );
+    }
+}
+
 /// What the peer sends: the synchronized pods and containers, and the
 /// CreateContainer requests cycled through.
 struct Workload {
@@ -246,14 +339,18 @@ impl Workload {
             .collect();
         let containers: Vec<_> = (0..CONTAINERS)
             .map(|i| {
-                container(
+                let mut c = container(
                     &format!("c{i}"),
                     &format!("p{}", i % PODS),
                     256 + i as u64,
                     50_000,
                     (256 + i as i64) << 20,
                     900,
-                )
+                );
+                // Below its pod's cgroup, as the runtime puts it.
+                let parent = &pods[i % PODS].linux.cgroup_parent;
+                c.linux.mut_or_insert_default().cgroups_path = format!("{parent}/c{i}");
+                c
             })
             .collect();
         let whole = api::SynchronizeRequest {

@@ -257,3 +257,38 @@ fn with_the_api_source_the_request_is_exact() {
         explain(yaml, &NODE, &PolicyConfig::default()).unwrap()
     );
 }
+
+/// The keys a Synchronize reads for the kubelet's hidden Memory QoS
+/// (`kubelet_may_set`) cover every key the simulated kubelet sets on a
+/// container, in every version, mode, factor and class.
+#[test]
+fn the_kubelet_sets_no_container_key_the_synchronize_does_not_read() {
+    const KEYS: [&str; 3] = ["memory.min", "memory.low", "memory.high"];
+    let gib = 1u64 << 30;
+    let mut seen = [false; 3];
+    for minor in 22..=38 {
+        for mode in [KubeletMode::None, KubeletMode::Alpha, KubeletMode::Tiered] {
+            for factor in [None, Some(0.5), Some(0.9), Some(1.0)] {
+                let version = format!("1.{minor}");
+                let Ok(k) = KubeletMemoryQosSim::for_version(&version, Some(mode), factor) else {
+                    continue;
+                };
+                for (class, request, limit) in [
+                    (QosClass::Guaranteed, gib, Some(gib)),
+                    (QosClass::Burstable, gib / 4, Some(gib)),
+                    (QosClass::Burstable, gib / 4, None),
+                    (QosClass::Burstable, 0, Some(gib)),
+                    (QosClass::BestEffort, 0, None),
+                ] {
+                    let may = crate::nri::plugin::kubelet_may_set(class);
+                    for key in k.unified(class, request, limit, &NODE).keys() {
+                        let i = KEYS.iter().position(|k| k == key).unwrap();
+                        assert!(may[i], "{version} {mode:?} {factor:?} {class:?}: {key}");
+                        seen[i] = true;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(seen, [true; 3], "the simulation sets every key somewhere");
+}

@@ -83,6 +83,41 @@ fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
     }
 }
 
+/// A single-value file's text, trimmed, handed to `f`: one open, one read
+/// into a stack buffer and one close, no allocation (a Synchronize reads
+/// thousands of these; a longer file is read whole as by [`read`]).
+pub fn with_value<T>(path: &Path, f: impl FnOnce(&str) -> T) -> io::Result<T> {
+    use std::io::Read;
+    let mut buf = [0u8; 64];
+    let mut file = std::fs::File::open(path)?;
+    let n = loop {
+        match file.read(&mut buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => break other?,
+        }
+    };
+    let utf8 = |b: &[u8]| {
+        std::str::from_utf8(b)
+            .map(|t| t.trim().to_owned())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    };
+    if n < buf.len() {
+        let text = std::str::from_utf8(&buf[..n])
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        return Ok(f(text.trim()));
+    }
+    let mut whole = buf.to_vec();
+    file.read_to_end(&mut whole)?;
+    Ok(f(&utf8(&whole)?))
+}
+
+/// [`read_single`] through [`with_value`]: `None` when unreadable or junk.
+pub fn single_value(path: &Path) -> Option<Option<u64>> {
+    with_value(path, |t| parse_single(path, t).ok())
+        .ok()
+        .flatten()
+}
+
 /// `key value` lines (memory.stat, memory.events, cgroup.events).
 pub fn parse_flat_keyed(path: &Path, text: &str) -> Result<HashMap<String, u64>, ReadError> {
     let mut out = HashMap::new();
@@ -243,15 +278,30 @@ pub struct Protection {
 /// memory.min / memory.low of the cgroup at `dir` (0 where unreadable;
 /// `max` reads as `u64::MAX`).
 pub fn read_protection(dir: &Path) -> Protection {
-    let value = |f: &str| {
-        read_single(&dir.join(f))
-            .map(|v| v.unwrap_or(u64::MAX))
-            .unwrap_or(0)
+    read_protection_present(dir).unwrap_or_default()
+}
+
+/// [`read_protection`], or `None` when the cgroup has no memory.min: the
+/// directory is gone, or its parent does not enable the memory controller
+/// for it. Either way no cgroup below it has memory files either (a
+/// controller is enabled top-down), which spares a Synchronize the reads of
+/// its containers' files.
+pub fn read_protection_present(dir: &Path) -> Option<Protection> {
+    let mut path = dir.join("memory.min");
+    let value = |p: &Path| match single_value(p) {
+        Some(v) => v.unwrap_or(u64::MAX),
+        None => 0,
     };
-    Protection {
-        min: value("memory.min"),
-        low: value("memory.low"),
-    }
+    let min = match with_value(&path, |t| parse_single(&path, t).ok()) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
+        Ok(Some(v)) => v.unwrap_or(u64::MAX),
+        _ => 0,
+    };
+    path.set_file_name("memory.low");
+    Some(Protection {
+        min,
+        low: value(&path),
+    })
 }
 
 /// With no record of what we wrote (a restart, `audit`): more protection
@@ -299,13 +349,22 @@ pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
 
 /// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
 pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
-    let file = |f: &str| read(&dir.join(f)).ok();
-    // memory.max only when memory.high was there: a Synchronize asks this
-    // for every running container.
-    let Some(high) = file("memory.high") else {
+    // A Synchronize asks this for every running container whose update
+    // sets memory.high, so no file is read whose answer cannot change the
+    // outcome: none when the policy wants `max` (never relaxed), and
+    // memory.max only when memory.high is there and differs from what the
+    // policy wants (the common case is our own value, never relaxed).
+    let wanted = wanted.trim();
+    if wanted == "max" {
+        return false;
+    }
+    let mut path = dir.join("memory.high");
+    let high = with_value(&path, |h| (h != wanted).then(|| h.to_owned()));
+    let Ok(Some(high)) = high else {
         return false;
     };
-    file("memory.max").is_some_and(|max| is_relaxed(wanted, &high, &max))
+    path.set_file_name("memory.max");
+    with_value(&path, |max| is_relaxed(wanted, &high, max)).unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -370,6 +429,56 @@ mod tests {
         // or someone set another value.
         assert!(!is_relaxed("max", "max", "max"));
         assert!(!is_relaxed("247463936", "250000000", "268435456"));
+    }
+
+    #[test]
+    fn throttle_relaxed_reads_memory_max_only_when_it_can_tell() {
+        let d = tempfile::tempdir().unwrap();
+        let write = |f: &str, v: &str| std::fs::write(d.path().join(f), v).unwrap();
+        // memory.max is a directory here: reading it would fail, so a
+        // right answer where it matters shows it was not read.
+        std::fs::create_dir(d.path().join("memory.max")).unwrap();
+        assert!(!relaxed_in_tree(d.path(), "247463936"), "no memory.high");
+        write("memory.high", "247463936\n");
+        assert!(!relaxed_in_tree(d.path(), " 247463936"), "our own value");
+        write("memory.high", "max\n");
+        assert!(!relaxed_in_tree(d.path(), "max"), "the policy wants none");
+        std::fs::remove_dir(d.path().join("memory.max")).unwrap();
+        write("memory.max", "max\n");
+        assert!(relaxed_in_tree(d.path(), "247463936"));
+        write("memory.high", "268435456\n");
+        write("memory.max", "268435456\n");
+        assert!(relaxed_in_tree(d.path(), "247463936"));
+        write("memory.high", "250000000\n");
+        assert!(!relaxed_in_tree(d.path(), "247463936"), "someone else's");
+    }
+
+    #[test]
+    fn values_read_trimmed_at_any_length_and_absence_is_told() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("memory.low");
+        assert_eq!(
+            with_value(&f, |_| ()).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+        assert_eq!(read_protection_present(d.path()), None);
+        for text in ["8192\n".to_string(), format!("{:>100}\n", 8192)] {
+            std::fs::write(&f, &text).unwrap();
+            assert_eq!(with_value(&f, str::to_owned).unwrap(), "8192");
+            assert_eq!(single_value(&f), Some(Some(8192)));
+        }
+        std::fs::write(&f, [0xff, b'\n']).unwrap();
+        assert!(with_value(&f, |_| ()).is_err());
+        assert_eq!(single_value(&f), None);
+        std::fs::write(d.path().join("memory.min"), "max\n").unwrap();
+        std::fs::write(&f, "8192\n").unwrap();
+        assert_eq!(
+            read_protection_present(d.path()),
+            Some(Protection {
+                min: u64::MAX,
+                low: 8192
+            })
+        );
     }
 
     #[test]

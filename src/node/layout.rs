@@ -293,6 +293,18 @@ pub fn container_cgroup_dir(cgroups_path: &str) -> Option<PathBuf> {
         .filter(|r| !r.as_os_str().is_empty())
 }
 
+/// [`container_cgroup_dir`] below `root`, for reading it: the cgroupfs
+/// form `/parent/id` in one allocation (a Synchronize asks for every
+/// running container).
+pub fn container_cgroup_dir_in(root: &Path, cgroups_path: &str) -> Option<PathBuf> {
+    if cgroups_path.contains(':') {
+        return container_cgroup_dir(cgroups_path).map(|rel| root.join(rel));
+    }
+    let dir = join_inside(root, cgroups_path).ok()?;
+    // Nothing below the root (`""`, `/`) is no container's cgroup.
+    (dir.as_os_str().len() > root.as_os_str().len()).then_some(dir)
+}
+
 /// `a-b-c.slice` -> `a.slice/a-b.slice/a-b-c.slice` (systemd's nesting).
 pub fn systemd_slice_path(slice: &str) -> PathBuf {
     let name = slice.strip_suffix(".slice").unwrap_or(slice);

@@ -161,7 +161,12 @@ async fn pump_incoming(
         match conn {
             PLUGIN_SERVICE_CONN => {
                 requests.push(&payload);
+                let mut freed = false;
                 while let Some(msg) = requests.next() {
+                    let msg = parse(msg);
+                    // A node-sized Synchronize is decoded from here on: its
+                    // raw bytes go back before its handler builds the answer.
+                    freed |= requests.shrink();
                     answer(&services, msg, &mut answers).await;
                     // A frame may hold many small requests: write as we go
                     // rather than collect an unbounded batch of answers.
@@ -174,7 +179,7 @@ async fn pump_incoming(
                 if let Err(e) = answers.write_to(&out).await {
                     return e;
                 }
-                if requests.shrink() {
+                if requests.shrink() || freed {
                     release_freed_memory();
                 }
             }
@@ -393,9 +398,18 @@ fn status_response(status: ttrpc::Status) -> ttrpc::Response {
     }
 }
 
-/// Handles one message of conn 1 the way ttrpc's server does: requests on
-/// odd stream ids go to their method; everything else gets an error status.
-async fn answer(services: &Services, msg: Incoming<'_>, out: &mut Answers) {
+/// A conn-1 message, owned: its raw bytes can be freed before its method runs.
+enum Parsed {
+    /// A request for a method, with the message header it came with.
+    Request(MessageHeader, ttrpc::Request),
+    /// Answered with this status, no method called.
+    Refused(u32, ttrpc::Status),
+    Ignored,
+}
+
+/// Sorts one message of conn 1 the way ttrpc's server does: requests on odd
+/// stream ids go to their method; everything else gets an error status.
+fn parse(msg: Incoming<'_>) -> Parsed {
     let (header, body) = match msg {
         Incoming::Message(h, body) => (h, body),
         Incoming::Oversized(h) => {
@@ -406,19 +420,19 @@ async fn answer(services: &Services, msg: Incoming<'_>, out: &mut Answers) {
                     h.length
                 ),
             );
-            return out.push(h.stream_id, &status_response(status));
+            return Parsed::Refused(h.stream_id, status);
         }
     };
     let stream_id = header.stream_id;
     if stream_id % 2 != 1 {
         let status = ttrpc::get_status(Code::INVALID_ARGUMENT, "stream id must be odd");
-        return out.push(stream_id, &status_response(status));
+        return Parsed::Refused(stream_id, status);
     }
     match header.type_ {
         MESSAGE_TYPE_REQUEST => {}
         MESSAGE_TYPE_DATA => {
             let status = ttrpc::get_status(Code::INVALID_ARGUMENT, "no streaming methods here");
-            return out.push(stream_id, &status_response(status));
+            return Parsed::Refused(stream_id, status);
         }
         other => {
             debug!(
@@ -426,23 +440,36 @@ async fn answer(services: &Services, msg: Incoming<'_>, out: &mut Answers) {
                 r#type = other,
                 "ignoring a ttrpc message of unknown type"
             );
-            return;
+            return Parsed::Ignored;
         }
     }
-    let resp = match call(services, header, body).await {
-        Ok(resp) => resp,
-        Err(status) => status_response(status),
-    };
-    out.push(stream_id, &resp);
+    match ttrpc::Request::parse_from_bytes(body) {
+        Ok(req) => Parsed::Request(header, req),
+        Err(e) => Parsed::Refused(
+            stream_id,
+            ttrpc::get_status(Code::INVALID_ARGUMENT, e.to_string()),
+        ),
+    }
+}
+
+/// Answers one parsed message of conn 1 into `out`.
+async fn answer(services: &Services, msg: Parsed, out: &mut Answers) {
+    match msg {
+        Parsed::Request(header, req) => {
+            let stream_id = header.stream_id;
+            let resp = call(services, header, req).await;
+            out.push(stream_id, &resp.unwrap_or_else(status_response));
+        }
+        Parsed::Refused(stream_id, status) => out.push(stream_id, &status_response(status)),
+        Parsed::Ignored => {}
+    }
 }
 
 async fn call(
     services: &Services,
     header: MessageHeader,
-    body: &[u8],
+    req: ttrpc::Request,
 ) -> Result<ttrpc::Response, ttrpc::Status> {
-    let req = ttrpc::Request::parse_from_bytes(body)
-        .map_err(|e| ttrpc::get_status(Code::INVALID_ARGUMENT, e.to_string()))?;
     trace!(service = %req.service, method = %req.method, "request");
     let service = services.get(&req.service).ok_or_else(|| {
         ttrpc::get_status(
@@ -517,6 +544,27 @@ mod tests {
         assert!(matches!(r.next(), Some(Incoming::Message(h, _)) if h.stream_id == 1));
         assert!(matches!(r.next(), Some(Incoming::Message(h, _)) if h.stream_id == 3));
         assert!(r.next().is_none());
+    }
+
+    #[test]
+    fn a_large_request_is_parsed_and_its_raw_bytes_freed_before_its_method_runs() {
+        let mut r = MessageReader::default();
+        let req = ttrpc::Request {
+            service: "svc".into(),
+            method: "Synchronize".into(),
+            payload: vec![7u8; 2 * KEEP_BUFFER],
+            ..Default::default()
+        };
+        let body = req.write_to_bytes().unwrap();
+        let mut m: Vec<u8> = MessageHeader::new_request(1, body.len() as u32).into();
+        m.extend_from_slice(&body);
+        for frame in m.chunks(MAX_OUTGOING_PAYLOAD) {
+            r.push(frame);
+        }
+        let parsed = parse(r.next().unwrap());
+        assert!(r.shrink(), "the raw message is given back");
+        assert_eq!(r.buf.capacity(), 0);
+        assert!(matches!(parsed, Parsed::Request(h, got) if h.stream_id == 1 && got == req));
     }
 
     #[test]

@@ -37,7 +37,7 @@ mod sync;
 #[cfg(test)]
 mod tests;
 
-pub use after_start::{hidden_kubelet_key, pods_with_hidden_kubelet_keys};
+pub use after_start::{hidden_kubelet_key, kubelet_may_set, pods_with_hidden_kubelet_keys};
 pub use handlers::request_timeout;
 pub use record::{forgets_resizes, limits_from_kernel, own_pod_protection};
 

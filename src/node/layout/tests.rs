@@ -124,6 +124,27 @@ fn cgroup_dirs_for_both_drivers() {
 }
 
 #[test]
+fn cgroup_dirs_below_a_root_are_the_same_dirs() {
+    let root = Path::new("/sys/fs/cgroup");
+    for p in [
+        "/kubepods/burstable/poda/abc",
+        "kubepods/./poda//abc",
+        "kubepods-burstable-pod1.slice:cri-containerd:abc",
+        "",
+        "/",
+        "a:b",
+        "/kubepods/burstable/poda/../../../../etc",
+        "kubepods/x\0y",
+    ] {
+        assert_eq!(
+            container_cgroup_dir_in(root, p),
+            container_cgroup_dir(p).map(|rel| root.join(rel)),
+            "{p:?}"
+        );
+    }
+}
+
+#[test]
 fn cgroup_dirs_never_leave_the_root() {
     for p in [
         "/kubepods/burstable/poda/../../../../etc",

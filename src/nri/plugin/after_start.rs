@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use super::*;
+use crate::node::layout::{container_cgroup_dir_in, pod_class};
 
 /// The protection keys the kubelet's Memory QoS sets on a container.
 const KUBELET_KEYS: [&str; 3] = ["memory.min", "memory.low", "memory.high"];
@@ -13,26 +14,56 @@ const KUBELET_KEYS: [&str; 3] = ["memory.min", "memory.low", "memory.high"];
 /// The first of memory.min / memory.low / memory.high that the container
 /// cgroup at `dir` holds although nri-qos did not ask for it and the
 /// runtime request did not carry it (`known`, in that order: the bytes
-/// asked or carried, 0 for neither), with its value. Nothing but the
+/// asked or carried, 0 for neither; [`NOT_THE_KUBELETS`] for a key the
+/// kubelet never sets there), with its value. Nothing but the
 /// kubelet's Memory QoS sets these on a container, through keys the
 /// runtime hid from us. Only the keys not known are read; 0, `max` and an
 /// unreadable file are the kernel's defaults, not a signal.
 pub fn hidden_kubelet_key(dir: &Path, known: [u64; 3]) -> Option<(&'static str, u64)> {
+    // One path for the whole container: the file name is swapped.
+    let mut path = dir.join(KUBELET_KEYS[0]);
     KUBELET_KEYS
         .into_iter()
         .zip(known)
         .filter(|(_, k)| *k == 0)
         .find_map(|(key, _)| {
-            let value = cgroupfs::read_single(&dir.join(key)).ok().flatten()?;
+            path.set_file_name(key);
+            let value = cgroupfs::single_value(&path).flatten()?;
             (value > 0).then_some((key, value))
         })
 }
 
+/// In [`hidden_kubelet_key`]'s `known`: a key the kubelet's Memory QoS
+/// never sets on the container, so its file is not read.
+pub const NOT_THE_KUBELETS: u64 = u64::MAX;
+
+/// Which of [`KUBELET_KEYS`] the kubelet's Memory QoS may set on a
+/// container of a pod it placed in `class`, in any version (1.22 alpha,
+/// 1.27-1.35 alpha, 1.36+ TieredReservation, the 1.37 BestEffort
+/// memory.high fix; `explain/kubelet.rs` simulates them): memory.min needs
+/// a memory request, which BestEffort has not; memory.low is Burstable's
+/// only (TieredReservation); memory.high is never set where request equals
+/// limit, as on every Guaranteed container. A Synchronize skips the other
+/// files: the kubelet cannot have hidden a key there.
+pub fn kubelet_may_set(class: QosClass) -> [bool; 3] {
+    match class {
+        QosClass::Guaranteed => [true, false, false],
+        QosClass::Burstable => [true, true, true],
+        QosClass::BestEffort => [false, false, true],
+    }
+}
+
 /// What nri-qos asked for or the runtime carried, per [`KUBELET_KEYS`]
 /// (as the registry keeps it; no copy of the resources, a Synchronize
-/// asks this for every running container).
-pub(super) fn known_keys(facts: &qos::ContainerFacts, decision: &qos::Decision) -> [u64; 3] {
-    KUBELET_KEYS.map(|k| {
+/// asks this for every running container), and [`NOT_THE_KUBELETS`] for
+/// a key the kubelet never sets on a container of a pod it placed in
+/// `kubelet_class` (`None`: not the kubelet's layout, every key counts).
+pub(super) fn known_keys(
+    kubelet_class: Option<QosClass>,
+    facts: &qos::ContainerFacts,
+    decision: &qos::Decision,
+) -> [u64; 3] {
+    let known = KUBELET_KEYS.map(|k| {
         decision
             .adjustment
             .unified
@@ -40,7 +71,21 @@ pub(super) fn known_keys(facts: &qos::ContainerFacts, decision: &qos::Decision) 
             .or_else(|| facts.resources.unified.get(k))
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(0)
-    })
+    });
+    only_the_kubelets(kubelet_class, known)
+}
+
+/// `known` with [`NOT_THE_KUBELETS`] for the keys the kubelet never sets on
+/// a container of a pod it placed in `kubelet_class` (`None`: not the
+/// kubelet's layout, every key counts).
+fn only_the_kubelets(kubelet_class: Option<QosClass>, mut known: [u64; 3]) -> [u64; 3] {
+    let may_set = kubelet_class.map_or([true; 3], kubelet_may_set);
+    for (k, may) in known.iter_mut().zip(may_set) {
+        if !may {
+            *k = NOT_THE_KUBELETS;
+        }
+    }
+    known
 }
 
 /// The pods (sandbox ids) with a running container whose cgroup holds a
@@ -69,7 +114,8 @@ pub fn pods_with_hidden_kubelet_keys(
         };
         let pod_facts = convert::pod_from_wire(pod);
         let (facts, d) = decide_wire(&pod_facts, c, None, (node, policy), api_pods);
-        if hidden_kubelet_key(&cgroup_root.join(rel), known_keys(&facts, &d)).is_some() {
+        let class = pod_class(&pod_facts.cgroup_parent);
+        if hidden_kubelet_key(&cgroup_root.join(rel), known_keys(class, &facts, &d)).is_some() {
             out.insert(pod.id.clone());
         }
     }
@@ -80,8 +126,9 @@ impl QosPlugin {
     /// PostStartContainer: a started container whose cgroup holds a
     /// protection key we neither set nor saw (memory.min on a Burstable
     /// container, where we set memory.low) tells that the kubelet's Memory
-    /// QoS manages its pod. A few small reads, once per container until
-    /// its pod is decided.
+    /// QoS manages its pod; only the keys the kubelet may set on the pod's
+    /// class count ([`kubelet_may_set`]). A few small reads, once per
+    /// container until its pod is decided.
     pub(super) fn learn_owner_after_start(&self, container: &api::Container) {
         if !self.owners_from_tree(&self.live().policy) {
             return;
@@ -98,11 +145,12 @@ impl QosPlugin {
             let Some(pod) = reg.pods.get(&*c.pod_id) else {
                 return;
             };
+            let known = [c.memory_min, c.memory_low, c.memory_high];
             (
                 c.pod_id.to_string(),
                 pod.cgroup_parent.to_string(),
                 c.cgroups_path.to_string(),
-                [c.memory_min, c.memory_low, c.memory_high],
+                only_the_kubelets(pod_class(&pod.cgroup_parent), known),
             )
         };
         if self.kubelet_keys_in_started(&pod_id, &parent, &path, known) {
@@ -143,7 +191,12 @@ impl QosPlugin {
         cgroups_path: &str,
         known: [u64; 3],
     ) -> bool {
-        let Some(rel) = container_cgroup_dir(cgroups_path) else {
+        // No key left to read (ours, carried, or never the kubelet's on
+        // this class): no path to build either.
+        if !known.contains(&0) {
+            return false;
+        }
+        let Some(dir) = container_cgroup_dir_in(&self.settings.cgroup_root, cgroups_path) else {
             return false;
         };
         // The keeper hands back its decisions: nri-qos may still give way.
@@ -151,7 +204,6 @@ impl QosPlugin {
         if decided(&lock(&self.registry)) {
             return false;
         }
-        let dir = self.settings.cgroup_root.join(rel);
         let Some((key, value)) = hidden_kubelet_key(&dir, known) else {
             return false;
         };

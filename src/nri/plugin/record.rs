@@ -135,10 +135,15 @@ pub fn own_pod_protection(
 
 /// The memory.min/low `decision` gives the container, in bytes.
 pub(super) fn own_protection(facts: &qos::ContainerFacts, decision: &qos::Decision) -> Protection {
-    let eff = qos::policy::effective(&facts.resources, &decision.adjustment);
+    // The key as `qos::policy::effective` would leave it (ours over the
+    // runtime's), without copying the resources: a Synchronize asks this
+    // for every container.
     let bytes = |k: &str| {
-        eff.unified
+        decision
+            .adjustment
+            .unified
             .get(k)
+            .or_else(|| facts.resources.unified.get(k))
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0)
     };

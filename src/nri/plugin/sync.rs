@@ -8,6 +8,7 @@
 use super::after_start;
 use super::record::{add_protection, container_record, own_protection, pod_record, whole_pages};
 use super::*;
+use crate::node::layout::{container_cgroup_dir_in, PodCgroups};
 
 /// One container of a pod being synchronized: its index in the snapshot,
 /// its facts and decision, and when deciding it started.
@@ -25,7 +26,7 @@ impl QosPlugin {
         let forgets_resizes = self
             .runtime_info()
             .is_some_and(|r| forgets_resizes(&r.name));
-        let buf = whole.snapshot;
+        let mut buf = whole.snapshot;
         let live = self.live();
         let policy = &*live.policy;
         let rules = (&self.settings.node, policy);
@@ -93,15 +94,17 @@ impl QosPlugin {
             }
             let mut decided = decide_all(&pod_facts);
             let unknown = pod_cg.filter(|_| !pod_facts.kubelet_memory_qos);
-            if unknown.is_some_and(|cg| {
-                self.kubelet_found_in_sync(pod, cg.pod, &buf.containers, &decided)
-            }) {
+            if unknown
+                .is_some_and(|cg| self.kubelet_found_in_sync(pod, cg, &buf.containers, &decided))
+            {
                 pod_facts.kubelet_memory_qos = true;
                 decided = decide_all(&pod_facts);
             }
             let recorded = !decided.is_empty();
             for (i, facts, decision, started) in decided {
-                let c = &buf.containers[i];
+                // Taken out, so each container's memory goes back while the
+                // records and updates are built: a node-sized sync peaks lower.
+                let c = &std::mem::take(&mut buf.containers[i]);
                 let record = container_record(pod, &pod_facts, c, facts, &decision, started);
                 new_containers.insert(c.id.clone(), record);
                 let running = matches!(
@@ -160,17 +163,24 @@ impl QosPlugin {
     /// more protection than our own policy gives its containers (`decided`,
     /// see [`own_pod_protection`]) was protected by the kubelet (the keeper
     /// and `audit` apply the same rule). Failing that, a running container
-    /// may hold a key the kubelet set where we did not (as at its start).
-    /// True when the pod is found the kubelet's now.
+    /// may hold a key the kubelet set where we did not (as at its start):
+    /// only the keys the kubelet may set on its class are read
+    /// ([`after_start::kubelet_may_set`]). True when the pod is found the
+    /// kubelet's now.
     fn kubelet_found_in_sync(
         &self,
         pod: &api::PodSandbox,
-        pod_cg: PathBuf,
+        cg: PodCgroups,
         containers: &[api::Container],
         decided: &[Decided],
     ) -> bool {
+        let pod_cg = cg.pod;
+        let mut pod_absent = false;
         if !lock(&self.registry).owners.contains_key(&pod_cg) {
-            let on_disk = read_protection(&self.settings.cgroup_root.join(&pod_cg));
+            let dir = self.settings.cgroup_root.join(&pod_cg);
+            let present = cgroupfs::read_protection_present(&dir);
+            pod_absent = present.is_none();
+            let on_disk = present.unwrap_or_default();
             let ours = decided
                 .iter()
                 .fold(Protection::default(), |sum, (_, f, d, _)| {
@@ -192,13 +202,16 @@ impl QosPlugin {
             let c = &containers[*i];
             let running = c.state.enum_value() == Ok(api::ContainerState::CONTAINER_RUNNING);
             let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
+            // A pod cgroup without memory.min (gone, or no memory
+            // controller) has no memory files in the cgroups below it
+            // either: a read there could only find nothing.
+            let below_absent =
+                || pod_absent && container_cgroup_dir(path).is_some_and(|r| r.starts_with(&pod_cg));
+            let known = after_start::known_keys(Some(cg.class), facts, d);
             running
-                && self.kubelet_keys_in_started_below(
-                    &pod.id,
-                    &pod_cg,
-                    path,
-                    after_start::known_keys(facts, d),
-                )
+                && known.contains(&0)
+                && !below_absent()
+                && self.kubelet_keys_in_started_below(&pod.id, &pod_cg, path, known)
         })
     }
 
@@ -210,10 +223,9 @@ impl QosPlugin {
             return;
         };
         let cgroups_path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
-        let Some(rel) = container_cgroup_dir(cgroups_path) else {
+        let Some(dir) = container_cgroup_dir_in(&self.settings.cgroup_root, cgroups_path) else {
             return;
         };
-        let dir = self.settings.cgroup_root.join(rel);
         if cgroupfs::relaxed_in_tree(&dir, want) {
             info!(container = %c.id, wanted = %want, "memory.high was relaxed by the throttle guard; leaving it");
             adjustment.unified.remove("memory.high");

@@ -412,3 +412,185 @@ fn synchronize_answers_in_the_order_sent_and_a_pod_sent_twice_keeps_the_later_de
         "the container without a pod is skipped"
     );
 }
+
+/// A Synchronize of the pods in `pods` with `containers`, on a fresh plugin
+/// over `root`; the pods the plugin then takes as the kubelet's.
+fn kubelet_pods_after_sync(
+    root: &std::path::Path,
+    pods: Vec<api::PodSandbox>,
+    containers: Vec<api::Container>,
+) -> Vec<std::path::PathBuf> {
+    let p = plugin(root);
+    p.finish_sync(Complete {
+        snapshot: super::super::reassembly::Snapshot {
+            pods,
+            containers,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let reg = lock(&p.registry);
+    let mut owned: Vec<_> = reg.owners.keys().cloned().collect();
+    owned.sort();
+    owned
+}
+
+/// Writes `files` into the container cgroup at `cgroups_path` below `root`.
+fn container_files(root: &std::path::Path, cgroups_path: &str, files: &[(&str, &str)]) {
+    let cg = root.join(cgroups_path.trim_start_matches('/'));
+    std::fs::create_dir_all(&cg).unwrap();
+    for (f, v) in files {
+        std::fs::write(cg.join(f), format!("{v}\n")).unwrap();
+    }
+}
+
+/// The reads a Synchronize skips change nothing the kubelet can have done:
+/// a Guaranteed container's memory.low/high and a BestEffort one's
+/// memory.min/low are never the kubelet's (whoever wrote them), while a
+/// Burstable container's hidden memory.min still gives its pod away.
+#[test]
+fn synchronize_reads_only_the_keys_the_kubelet_may_set_on_the_class() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let placed = |id: &str, parent: &str| {
+        let mut pod = kubelet_pod(root, id, 0);
+        std::fs::create_dir_all(root.join(parent)).unwrap();
+        for f in ["memory.min", "memory.low"] {
+            std::fs::write(root.join(parent).join(f), "0\n").unwrap();
+        }
+        pod.linux.mut_or_insert_default().cgroup_parent = format!("/{parent}");
+        pod
+    };
+    let g = placed("g", "kubepods/podg");
+    let e = placed("e", "kubepods/besteffort/pode");
+    let b = placed("b", "kubepods/burstable/podb");
+    let (cg, ce, cb) = (
+        in_cgroup(hidden_container("cg", "g"), "/kubepods/podg/cg"),
+        in_cgroup(hidden_container("ce", "e"), "/kubepods/besteffort/pode/ce"),
+        in_cgroup(hidden_container("cb", "b"), "/kubepods/burstable/podb/cb"),
+    );
+    let foreign = [("memory.low", "268435456"), ("memory.high", "509943808")];
+    container_files(root, "/kubepods/podg/cg", &foreign);
+    let foreign = [("memory.min", "268435456"), ("memory.low", "268435456")];
+    container_files(root, "/kubepods/besteffort/pode/ce", &foreign);
+    assert!(kubelet_pods_after_sync(
+        root,
+        vec![g.clone(), e.clone()],
+        vec![cg.clone(), ce.clone()]
+    )
+    .is_empty());
+    container_files(
+        root,
+        "/kubepods/burstable/podb/cb",
+        &[("memory.min", "268435456")],
+    );
+    assert_eq!(
+        kubelet_pods_after_sync(root, vec![g, e, b], vec![cg, ce, cb]),
+        [std::path::PathBuf::from("kubepods/burstable/podb")]
+    );
+}
+
+/// A pod cgroup without memory.min (gone, or no memory controller) has no
+/// memory files below it, so its containers' cgroups are not read; one
+/// placed elsewhere still is. (The kernel never shows the tree below: it
+/// is made here to prove the reads are skipped.)
+#[test]
+fn synchronize_skips_the_containers_below_a_pod_cgroup_without_memory_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let pod = kubelet_pod(root, "a", 0);
+    let pod_dir = root.join("kubepods/burstable/poda");
+    std::fs::remove_file(pod_dir.join("memory.min")).unwrap();
+    let hidden_min = [("memory.min", "268435456")];
+    container_files(root, "/kubepods/burstable/poda/c1", &hidden_min);
+    let c1 = in_cgroup(hidden_container("c1", "a"), "/kubepods/burstable/poda/c1");
+    assert!(kubelet_pods_after_sync(root, vec![pod.clone()], vec![c1.clone()]).is_empty());
+    container_files(root, "/elsewhere/c2", &hidden_min);
+    let c2 = in_cgroup(hidden_container("c2", "a"), "/elsewhere/c2");
+    assert_eq!(
+        kubelet_pods_after_sync(root, vec![pod], vec![c1, c2]),
+        [std::path::PathBuf::from("kubepods/burstable/poda")]
+    );
+}
+
+/// At a container's start as in a Synchronize: memory.high on a Guaranteed
+/// container is never the kubelet's, so its file is not even read.
+#[tokio::test]
+async fn a_started_guaranteed_container_is_not_read_for_keys_the_kubelet_never_sets_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let p = plugin(root);
+    let ctx = TtrpcContext::default();
+    let mut pod = kubelet_pod(root, "g", 0);
+    pod.linux.mut_or_insert_default().cgroup_parent = "/kubepods/podg".into();
+    let c = in_cgroup(hidden_container("cg", "g"), "/kubepods/podg/cg");
+    p.state_change(&ctx, event(api::Event::RUN_POD_SANDBOX, &pod, None))
+        .await
+        .unwrap();
+    p.decide_and_record(&pod, &c, None);
+    container_files(root, "/kubepods/podg/cg", &[("memory.high", "509943808")]);
+    p.state_change(
+        &ctx,
+        event(api::Event::POST_START_CONTAINER, &pod, Some(&c)),
+    )
+    .await
+    .unwrap();
+    assert!(lock(&p.registry).owners.is_empty());
+}
+
+/// Every update and record of a Synchronize, in one message or in chunks:
+/// the records are built from containers taken out of the snapshot as it
+/// is processed, which must not change what they say.
+async fn synchronized(
+    p: &QosPlugin,
+    chunks: Vec<api::SynchronizeRequest>,
+) -> (Vec<api::ContainerUpdate>, Vec<String>) {
+    let mut updates = Vec::new();
+    for chunk in chunks {
+        let resp = p.synchronize(&TtrpcContext::default(), chunk).await;
+        updates = resp.unwrap().update;
+    }
+    let reg = lock(&p.registry);
+    let mut records: Vec<String> = reg.pods.values().map(|r| format!("{r:?}")).collect();
+    records.extend(reg.containers.values().map(|r| format!("{r:?}")));
+    records.sort();
+    (updates, records)
+}
+
+#[tokio::test]
+async fn a_chunked_synchronize_gives_the_registry_and_updates_of_one_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let pods = ["a", "b", "c"].map(|id| kubelet_pod(dir.path(), id, 0));
+    let containers: Vec<_> = ["a1", "b1", "a2", "c1", "b2"]
+        .iter()
+        .map(|id| {
+            let path = format!("/kubepods/burstable/pod{}/{id}", &id[..1]);
+            in_cgroup(hidden_container(id, &id[..1]), &path)
+        })
+        .collect();
+    let msg =
+        |pods: &[api::PodSandbox], containers: &[api::Container], more| api::SynchronizeRequest {
+            pods: pods.to_vec(),
+            containers: containers.to_vec(),
+            more,
+            ..Default::default()
+        };
+    let whole = vec![msg(&pods, &containers, false)];
+    let chunked = vec![
+        msg(&pods[..1], &containers[..1], true),
+        msg(&pods[1..], &containers[1..3], true),
+        msg(&[], &containers[3..], false),
+    ];
+    let (updates, records) = synchronized(&plugin(dir.path()), whole).await;
+    let ids: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
+    assert_eq!(ids, ["a1", "b1", "a2", "c1", "b2"]);
+    assert_eq!(records.len(), 8, "3 pods and 5 containers: {records:?}");
+    for c in &containers {
+        let path = &c.linux.cgroups_path;
+        assert!(records.iter().any(|r| r.contains(path.as_str())), "{path}");
+    }
+    assert_eq!(
+        synchronized(&plugin(dir.path()), chunked).await,
+        (updates, records)
+    );
+}
