@@ -86,7 +86,7 @@ fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
 /// A single-value file's text, trimmed, handed to `f`: one open, one read
 /// into a stack buffer and one close, no allocation (a Synchronize reads
 /// thousands of these; a longer file is read whole as by [`read`]).
-pub fn with_value<T>(path: &Path, f: impl FnOnce(&str) -> T) -> io::Result<T> {
+fn with_value<T>(path: &Path, f: impl FnOnce(&str) -> T) -> io::Result<T> {
     use std::io::Read;
     let mut buf = [0u8; 64];
     let mut file = std::fs::File::open(path)?;
@@ -96,26 +96,16 @@ pub fn with_value<T>(path: &Path, f: impl FnOnce(&str) -> T) -> io::Result<T> {
             other => break other?,
         }
     };
-    let utf8 = |b: &[u8]| {
-        std::str::from_utf8(b)
-            .map(|t| t.trim().to_owned())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-    };
     if n < buf.len() {
-        let text = std::str::from_utf8(&buf[..n])
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        return Ok(f(text.trim()));
+        return Ok(f(utf8(&buf[..n])?.trim()));
     }
     let mut whole = buf.to_vec();
     file.read_to_end(&mut whole)?;
-    Ok(f(&utf8(&whole)?))
+    Ok(f(utf8(&whole)?.trim()))
 }
 
-/// [`read_single`] through [`with_value`]: `None` when unreadable or junk.
-pub fn single_value(path: &Path) -> Option<Option<u64>> {
-    with_value(path, |t| parse_single(path, t).ok())
-        .ok()
-        .flatten()
+fn utf8(bytes: &[u8]) -> io::Result<&str> {
+    std::str::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// `key value` lines (memory.stat, memory.events, cgroup.events).
@@ -198,8 +188,12 @@ pub fn parse_single(path: &Path, text: &str) -> Result<Option<u64>, ReadError> {
         .map_err(|_| ReadError::parse(path, 1, format!("not a number or \"max\": {t:?}")))
 }
 
+/// A single-value file (`max` is `None`), read through [`with_value`].
 pub fn read_single(path: &Path) -> Result<Option<u64>, ReadError> {
-    parse_single(path, &read(path)?)
+    with_value(path, |t| parse_single(path, t)).map_err(|source| ReadError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?
 }
 
 /// `cgroup.procs`: one pid per line, at most `cap` of them (bounded memory).
@@ -287,20 +281,16 @@ pub fn read_protection(dir: &Path) -> Protection {
 /// controller is enabled top-down), which spares a Synchronize the reads of
 /// its containers' files.
 pub fn read_protection_present(dir: &Path) -> Option<Protection> {
+    let bytes = |r: Result<Option<u64>, ReadError>| r.map_or(0, |v| v.unwrap_or(u64::MAX));
     let mut path = dir.join("memory.min");
-    let value = |p: &Path| match single_value(p) {
-        Some(v) => v.unwrap_or(u64::MAX),
-        None => 0,
-    };
-    let min = match with_value(&path, |t| parse_single(&path, t).ok()) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return None,
-        Ok(Some(v)) => v.unwrap_or(u64::MAX),
-        _ => 0,
-    };
+    let min = read_single(&path);
+    if min.as_ref().is_err_and(ReadError::is_not_found) {
+        return None;
+    }
     path.set_file_name("memory.low");
     Some(Protection {
-        min,
-        low: value(&path),
+        min: bytes(min),
+        low: bytes(read_single(&path)),
     })
 }
 
@@ -465,11 +455,11 @@ mod tests {
         for text in ["8192\n".to_string(), format!("{:>100}\n", 8192)] {
             std::fs::write(&f, &text).unwrap();
             assert_eq!(with_value(&f, str::to_owned).unwrap(), "8192");
-            assert_eq!(single_value(&f), Some(Some(8192)));
+            assert_eq!(read_single(&f).ok(), Some(Some(8192)));
         }
         std::fs::write(&f, [0xff, b'\n']).unwrap();
         assert!(with_value(&f, |_| ()).is_err());
-        assert_eq!(single_value(&f), None);
+        assert!(read_single(&f).is_err());
         std::fs::write(d.path().join("memory.min"), "max\n").unwrap();
         std::fs::write(&f, "8192\n").unwrap();
         assert_eq!(

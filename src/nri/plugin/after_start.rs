@@ -28,7 +28,7 @@ pub fn hidden_kubelet_key(dir: &Path, known: [u64; 3]) -> Option<(&'static str, 
         .filter(|(_, k)| *k == 0)
         .find_map(|(key, _)| {
             path.set_file_name(key);
-            let value = cgroupfs::single_value(&path).flatten()?;
+            let value = cgroupfs::read_single(&path).ok().flatten()?;
             (value > 0).then_some((key, value))
         })
 }
