@@ -209,7 +209,6 @@ impl QosPlugin {
                 || pod_absent && container_cgroup_dir(path).is_some_and(|r| r.starts_with(&pod_cg));
             let known = after_start::known_keys(Some(cg.class), facts, d);
             running
-                && known.contains(&0)
                 && !below_absent()
                 && self.kubelet_keys_in_started_below(&pod.id, &pod_cg, path, known)
         })
