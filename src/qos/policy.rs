@@ -435,6 +435,19 @@ pub fn decide(
     }
 }
 
+/// One unified key of [`effective`] (ours over the runtime's), without
+/// copying the resources: the hooks ask it for every container.
+pub fn effective_unified<'a>(
+    current: &'a Resources,
+    adj: &'a Adjustment,
+    key: &str,
+) -> Option<&'a str> {
+    adj.unified
+        .get(key)
+        .or_else(|| current.unified.get(key))
+        .map(String::as_str)
+}
+
 /// What the kernel ends up with for a container: the runtime's values with
 /// ours on top. Used by `explain` and `audit`.
 pub fn effective(current: &Resources, adj: &Adjustment) -> Resources {

@@ -64,11 +64,7 @@ pub(super) fn known_keys(
     decision: &qos::Decision,
 ) -> [u64; 3] {
     let known = KUBELET_KEYS.map(|k| {
-        decision
-            .adjustment
-            .unified
-            .get(k)
-            .or_else(|| facts.resources.unified.get(k))
+        qos::policy::effective_unified(&facts.resources, &decision.adjustment, k)
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or(0)
     });

@@ -135,22 +135,19 @@ pub fn own_pod_protection(
 
 /// The memory.min/low `decision` gives the container, in bytes.
 pub(super) fn own_protection(facts: &qos::ContainerFacts, decision: &qos::Decision) -> Protection {
-    // The key as `qos::policy::effective` would leave it (ours over the
-    // runtime's), without copying the resources: a Synchronize asks this
-    // for every container.
-    let bytes = |k: &str| {
-        decision
-            .adjustment
-            .unified
-            .get(k)
-            .or_else(|| facts.resources.unified.get(k))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let bytes = |k| effective_bytes(&facts.resources, &decision.adjustment, k);
     Protection {
         min: bytes("memory.min"),
         low: bytes("memory.low"),
     }
+}
+
+/// A unified key's bytes as the kernel ends up with it; 0 where unset or
+/// not a number.
+fn effective_bytes(resources: &qos::Resources, adj: &qos::Adjustment, key: &str) -> u64 {
+    qos::policy::effective_unified(resources, adj, key)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
 }
 
 pub(super) fn add_protection(a: Protection, b: Protection) -> Protection {
@@ -193,14 +190,7 @@ pub(super) fn container_record(
     for note in &decision.notes {
         info!(container = %facts.name, pod = %pod_facts.name, "{note}");
     }
-    let unified = &decision.adjustment.unified;
-    let bytes = |key: &str| {
-        unified
-            .get(key)
-            .or_else(|| facts.resources.unified.get(key))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let bytes = |key| effective_bytes(&facts.resources, &decision.adjustment, key);
     ContainerRecord {
         id: container.id.as_str().into(),
         pod_id: if container.pod_sandbox_id.is_empty() {
