@@ -34,9 +34,12 @@ ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
 info "kernel $(uname -r), stage 2 up"
 
 # run.sh E2E_TEST_FREEZE=1 (its first boot only): play a guest frozen after
-# stage 2, silent from here on, to prove run.sh reboots it.
+# stage 2 whose kernel still reports stalls, to prove run.sh reboots it.
 case " $(cat /proc/cmdline) " in
-*" e2e.test_freeze=1 "*) info "test: playing a frozen guest"; exec sleep 86400 >/dev/null 2>&1 ;;
+*" e2e.test_freeze=1 "*)
+    info "test: playing a frozen guest"
+    exec sh -c 'while sleep 20; do echo "<3>e2e test: a stalled kernel still speaking" >/dev/kmsg; done' >/dev/null 2>&1
+    ;;
 esac
 # A sign of life every 60 s: run.sh takes a console silent for minutes
 # (E2E_SILENCE_LIMIT) for a frozen guest or qemu, and boots again.
