@@ -89,7 +89,7 @@ pub async fn collect(
     };
     let mut session = Box::pin(session::serve(
         trunk,
-        api_ttrpc::create_plugin(plugin.clone()),
+        crate::nri::lean_sync::create_plugin(plugin.clone()),
         &identity,
         async { true },
     ));

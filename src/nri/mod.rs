@@ -2,6 +2,7 @@
 //! the Plugin service and the session lifecycle.
 
 pub mod convert;
+pub mod lean_sync;
 pub mod mux;
 pub mod oom_fallback;
 pub mod plugin;

@@ -117,7 +117,7 @@ async fn session(
     let connected = metrics.clone();
     let end = serve(
         trunk,
-        api_ttrpc::create_plugin(plugin),
+        super::lean_sync::create_plugin(plugin),
         identity,
         async move {
             connected.set_runtime_connected(true);
