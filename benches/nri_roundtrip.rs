@@ -334,6 +334,10 @@ impl Workload {
             "/kubepods/burstable/pod",
             "/kubepods/besteffort/pod",
         ];
+        // NRI_BENCH_SYNC_CONTENT=node: the synchronized containers carry
+        // what a node's do (args, env, mounts, devices, namespaces, rlimits),
+        // which nri-qos never reads; both plugins get the same request.
+        let node_content = std::env::var("NRI_BENCH_SYNC_CONTENT").is_ok_and(|v| v == "node");
         let pods: Vec<_> = (0..PODS)
             .map(|i| pod(&format!("p{i}"), &format!("{}p{i}", classes[i % 3])))
             .collect();
@@ -350,6 +354,9 @@ impl Workload {
                 // Below its pod's cgroup, as the runtime puts it.
                 let parent = &pods[i % PODS].linux.cgroup_parent;
                 c.linux.mut_or_insert_default().cgroups_path = format!("{parent}/c{i}");
+                if node_content {
+                    add_node_content(&mut c, i);
+                }
                 c
             })
             .collect();
@@ -380,6 +387,99 @@ impl Workload {
             creates,
             floor_msg,
         }
+    }
+}
+
+/// What a container on a Kubernetes node carries beside the fields
+/// nri-qos reads, in the sizes containerd 1.7 reports for a typical pod:
+/// ~30 environment variables (the service links), 8 mounts, the default
+/// device rules, 5 namespaces and an rlimit.
+fn add_node_content(c: &mut api::Container, i: usize) {
+    c.args = [
+        "/usr/local/bin/app",
+        "--config=/etc/app/config.yaml",
+        "--port=8080",
+    ]
+    .map(String::from)
+    .to_vec();
+    c.env = (0..30)
+        .map(|k| format!("SERVICE_{k}_PORT_8080_TCP_ADDR=10.96.{}.{}", k, i % 250))
+        .collect();
+    c.env
+        .push("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    let mounts = [
+        ("/etc/hosts", "/var/lib/kubelet/pods/uid/etc-hosts"),
+        (
+            "/dev/termination-log",
+            "/var/lib/kubelet/pods/uid/containers/app/0",
+        ),
+        ("/etc/hostname", "/var/lib/containerd/sandboxes/id/hostname"),
+        (
+            "/etc/resolv.conf",
+            "/var/lib/containerd/sandboxes/id/resolv.conf",
+        ),
+        ("/dev/shm", "/run/containerd/sandboxes/id/shm"),
+        (
+            "/var/run/secrets/kubernetes.io/serviceaccount",
+            "/var/lib/kubelet/pods/uid/volumes/kube-api-access",
+        ),
+        ("/proc", "proc"),
+        ("/sys", "sysfs"),
+    ];
+    c.mounts = mounts
+        .iter()
+        .map(|(dst, src)| api::Mount {
+            destination: (*dst).into(),
+            type_: "bind".into(),
+            source: (*src).into(),
+            options: ["rbind", "rprivate", "rw"].map(String::from).to_vec(),
+            ..Default::default()
+        })
+        .collect();
+    c.rlimits.push(api::POSIXRlimit {
+        type_: "RLIMIT_NOFILE".into(),
+        hard: 1_048_576,
+        soft: 1_048_576,
+        ..Default::default()
+    });
+    let linux = c.linux.mut_or_insert_default();
+    for ns in ["pid", "ipc", "uts", "mount", "network"] {
+        linux.namespaces.push(api::LinuxNamespace {
+            type_: ns.into(),
+            path: format!("/proc/{}/ns/{ns}", 1000 + i),
+            ..Default::default()
+        });
+    }
+    let resources = linux.resources.mut_or_insert_default();
+    resources.devices.push(api::LinuxDeviceCgroup {
+        allow: false,
+        access: "rwm".into(),
+        ..Default::default()
+    });
+    for (major, minor) in [
+        (1, 3),
+        (1, 5),
+        (1, 7),
+        (1, 8),
+        (1, 9),
+        (5, 0),
+        (5, 2),
+        (136, -1),
+    ] {
+        resources.devices.push(api::LinuxDeviceCgroup {
+            allow: true,
+            type_: "c".into(),
+            major: protobuf::MessageField::some(api::OptionalInt64 {
+                value: major,
+                ..Default::default()
+            }),
+            minor: protobuf::MessageField::some(api::OptionalInt64 {
+                value: minor,
+                ..Default::default()
+            }),
+            access: "rwm".into(),
+            ..Default::default()
+        });
     }
 }
 

@@ -82,7 +82,9 @@ fn request(
         });
         linux.special_fields.mut_unknown_fields().add_varint(900, 1);
         pod.linux = some(linux);
-        pod.special_fields.mut_unknown_fields().add_length_delimited(901, b"x".to_vec());
+        pod.special_fields
+            .mut_unknown_fields()
+            .add_length_delimited(901, b"x".to_vec());
         req.pods.push(pod);
 
         let mut c = api::Container::new();
@@ -274,4 +276,3 @@ fn garbage_is_refused_with_a_reason() {
         assert!(!e.to_string().is_empty());
     }
 }
-
