@@ -163,6 +163,7 @@ async fn pump_incoming(
                 requests.push(&payload);
                 let mut freed = false;
                 while let Some(msg) = requests.next() {
+                    freed |= matches!(msg, Incoming::Whole(..));
                     let msg = parse(msg);
                     // A node-sized Synchronize is decoded from here on: its
                     // raw bytes go back before its handler builds the answer.
@@ -252,6 +253,9 @@ fn frame_len(payload: usize) -> u32 {
 /// A ttrpc message of conn 1: its header and body.
 enum Incoming<'a> {
     Message(MessageHeader, &'a [u8]),
+    /// A large message that ended the buffer, which is handed over whole
+    /// (its body at the range) so its payload need not be copied out.
+    Whole(MessageHeader, Vec<u8>, std::ops::Range<usize>),
     /// Longer than ttrpc allows; its body is skipped, not held.
     Oversized(MessageHeader),
 }
@@ -300,6 +304,10 @@ impl MessageReader {
             return None;
         }
         let body = self.start + MESSAGE_HEADER_LENGTH..self.start + MESSAGE_HEADER_LENGTH + len;
+        if len > KEEP_BUFFER && body.end == self.buf.len() {
+            self.start = 0;
+            return Some(Incoming::Whole(header, std::mem::take(&mut self.buf), body));
+        }
         self.start = body.end;
         Some(Incoming::Message(header, &self.buf[body]))
     }
@@ -411,7 +419,8 @@ enum Parsed {
 /// stream ids go to their method; everything else gets an error status.
 fn parse(msg: Incoming<'_>) -> Parsed {
     let (header, body) = match msg {
-        Incoming::Message(h, body) => (h, body),
+        Incoming::Message(h, body) => (h, Body::Borrowed(body)),
+        Incoming::Whole(h, raw, range) => (h, Body::Whole(raw, range)),
         Incoming::Oversized(h) => {
             let status = ttrpc::get_status(
                 Code::INVALID_ARGUMENT,
@@ -443,13 +452,77 @@ fn parse(msg: Incoming<'_>) -> Parsed {
             return Parsed::Ignored;
         }
     }
-    match ttrpc::Request::parse_from_bytes(body) {
+    let parsed = match body {
+        Body::Borrowed(body) => ttrpc::Request::parse_from_bytes(body),
+        Body::Whole(raw, range) => parse_keeping_payload(raw, range),
+    };
+    match parsed {
         Ok(req) => Parsed::Request(header, req),
         Err(e) => Parsed::Refused(
             stream_id,
             ttrpc::get_status(Code::INVALID_ARGUMENT, e.to_string()),
         ),
     }
+}
+
+enum Body<'a> {
+    Borrowed(&'a [u8]),
+    Whole(Vec<u8>, std::ops::Range<usize>),
+}
+
+/// A ttrpc request whose payload (a node-sized Synchronize) becomes the
+/// raw buffer itself, moved down in place, rather than a copy beside it:
+/// the chunk is held once, not twice, while it is decoded. The other
+/// fields are parsed by the generated code from what is left around it.
+fn parse_keeping_payload(
+    mut raw: Vec<u8>,
+    body: std::ops::Range<usize>,
+) -> protobuf::Result<ttrpc::Request> {
+    let Some((field, payload)) = payload_field(&raw[body.clone()])? else {
+        return ttrpc::Request::parse_from_bytes(&raw[body]);
+    };
+    let (field, payload) = (
+        body.start + field,
+        body.start + payload.start..body.start + payload.end,
+    );
+    let mut rest = raw[body.start..field].to_vec();
+    rest.extend_from_slice(&raw[payload.end..body.end]);
+    let mut req = ttrpc::Request::parse_from_bytes(&rest)?;
+    raw.truncate(payload.end);
+    raw.drain(..payload.start);
+    req.payload = raw;
+    Ok(req)
+}
+
+/// Where a request's only payload field starts and where its bytes are;
+/// `None` when there is none or more than one (the generated parser then
+/// decides which counts).
+fn payload_field(body: &[u8]) -> protobuf::Result<Option<(usize, std::ops::Range<usize>)>> {
+    const PAYLOAD_TAG: u32 = 3 << 3 | 2;
+    let mut is = protobuf::CodedInputStream::from_bytes(body);
+    let mut found = None;
+    let mut count = 0;
+    loop {
+        let field = pos(&is);
+        let Some(tag) = is.read_raw_tag_or_eof()? else {
+            break;
+        };
+        if tag == PAYLOAD_TAG {
+            let len = is.read_raw_varint32()?;
+            let start = pos(&is);
+            is.skip_raw_bytes(len)?;
+            found = Some((field, start..pos(&is)));
+            count += 1;
+        } else {
+            protobuf::rt::skip_field_for_tag(tag, &mut is)?;
+        }
+    }
+    Ok(found.filter(|_| count == 1))
+}
+
+/// A stream position within a message of at most [`MESSAGE_LENGTH_MAX`].
+fn pos(is: &protobuf::CodedInputStream<'_>) -> usize {
+    usize::try_from(is.pos()).unwrap_or(usize::MAX)
 }
 
 /// Answers one parsed message of conn 1 into `out`.
@@ -562,9 +635,46 @@ mod tests {
             r.push(frame);
         }
         let parsed = parse(r.next().unwrap());
-        assert!(r.shrink(), "the raw message is given back");
-        assert_eq!(r.buf.capacity(), 0);
+        assert_eq!(r.buf.capacity(), 0, "the raw message is handed over");
         assert!(matches!(parsed, Parsed::Request(h, got) if h.stream_id == 1 && got == req));
+    }
+
+    #[test]
+    fn a_payload_kept_in_place_gives_what_the_generated_parser_gives() {
+        let req = ttrpc::Request {
+            service: "svc".into(),
+            method: "Synchronize".into(),
+            payload: (0..3 * KEEP_BUFFER).map(|i| i as u8).collect(),
+            timeout_nano: 2_000_000_000,
+            metadata: vec![ttrpc::proto::KeyValue {
+                key: "k".into(),
+                value: "v".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let body = req.write_to_bytes().unwrap();
+        // Twice the payload: the later one counts, as generated.
+        let mut twice = body.clone();
+        twice.extend(
+            ttrpc::Request {
+                payload: vec![1, 2, 3],
+                ..Default::default()
+            }
+            .write_to_bytes()
+            .unwrap(),
+        );
+        for body in [body, twice, vec![0xff, 0xff]] {
+            let mut raw = vec![9u8; 10];
+            raw.extend_from_slice(&body);
+            let range = 10..raw.len();
+            let want = ttrpc::Request::parse_from_bytes(&body);
+            match (parse_keeping_payload(raw, range), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want),
+                (Err(_), Err(_)) => {}
+                (got, want) => panic!("{got:?} vs {want:?}"),
+            }
+        }
     }
 
     #[test]
