@@ -39,6 +39,9 @@ use ttrpc::proto::{MESSAGE_HEADER_LENGTH, MESSAGE_LENGTH_MAX, MESSAGE_TYPE_DATA}
 use ttrpc::r#async::{Service, TtrpcContext};
 use ttrpc::{Code, MessageHeader};
 
+mod reader;
+use reader::{parse_keeping_payload, Body, Incoming, MessageReader};
+
 /// Logical connection on which the plugin serves `nri.pkg.api.v1alpha1.Plugin`.
 pub const PLUGIN_SERVICE_CONN: u32 = 1;
 /// Logical connection on which the plugin calls `nri.pkg.api.v1alpha1.Runtime`.
@@ -250,83 +253,6 @@ fn frame_len(payload: usize) -> u32 {
     u32::try_from(payload).unwrap_or(u32::MAX)
 }
 
-/// A ttrpc message of conn 1: its header and body.
-enum Incoming<'a> {
-    Message(MessageHeader, &'a [u8]),
-    /// A large message that ended the buffer, which is handed over whole
-    /// (its body at the range) so its payload need not be copied out.
-    Whole(MessageHeader, Vec<u8>, std::ops::Range<usize>),
-    /// Longer than ttrpc allows; its body is skipped, not held.
-    Oversized(MessageHeader),
-}
-
-/// Cuts the byte stream of conn 1 into ttrpc messages. A message may span
-/// frames (Go sends header + 4086 bytes, then the rest), and a frame may
-/// hold several messages. Holds at most one message of at most
-/// [`MESSAGE_LENGTH_MAX`] plus one frame.
-#[derive(Default)]
-struct MessageReader {
-    buf: Vec<u8>,
-    /// Start of the bytes not yet handed out.
-    start: usize,
-    /// Bytes of an oversized message still to discard.
-    skip: usize,
-}
-
-impl MessageReader {
-    fn push(&mut self, mut bytes: &[u8]) {
-        if self.skip > 0 {
-            let n = self.skip.min(bytes.len());
-            self.skip -= n;
-            bytes = &bytes[n..];
-        }
-        if self.start > 0 {
-            self.buf.drain(..self.start);
-            self.start = 0;
-        }
-        self.buf.extend_from_slice(bytes);
-    }
-
-    fn next(&mut self) -> Option<Incoming<'_>> {
-        let avail = &self.buf[self.start..];
-        if avail.len() < MESSAGE_HEADER_LENGTH {
-            return None;
-        }
-        let header = MessageHeader::from(&avail[..MESSAGE_HEADER_LENGTH]);
-        let len = header.length as usize;
-        if len > MESSAGE_LENGTH_MAX {
-            let held = len.min(avail.len() - MESSAGE_HEADER_LENGTH);
-            self.skip = len - held;
-            self.start += MESSAGE_HEADER_LENGTH + held;
-            return Some(Incoming::Oversized(header));
-        }
-        if avail.len() < MESSAGE_HEADER_LENGTH + len {
-            return None;
-        }
-        let body = self.start + MESSAGE_HEADER_LENGTH..self.start + MESSAGE_HEADER_LENGTH + len;
-        if len > KEEP_BUFFER && body.end == self.buf.len() {
-            self.start = 0;
-            return Some(Incoming::Whole(header, std::mem::take(&mut self.buf), body));
-        }
-        self.start = body.end;
-        Some(Incoming::Message(header, &self.buf[body]))
-    }
-
-    /// Gives back the memory of one large message once it is handled;
-    /// true when there was one.
-    fn shrink(&mut self) -> bool {
-        if self.start == self.buf.len() {
-            self.buf.clear();
-            self.start = 0;
-            if self.buf.capacity() > KEEP_BUFFER {
-                self.buf = Vec::new();
-                return true;
-            }
-        }
-        false
-    }
-}
-
 /// Answers ready to go out on conn 1, already cut into frames; reused.
 #[derive(Default)]
 struct Answers {
@@ -463,66 +389,6 @@ fn parse(msg: Incoming<'_>) -> Parsed {
             ttrpc::get_status(Code::INVALID_ARGUMENT, e.to_string()),
         ),
     }
-}
-
-enum Body<'a> {
-    Borrowed(&'a [u8]),
-    Whole(Vec<u8>, std::ops::Range<usize>),
-}
-
-/// A ttrpc request whose payload (a node-sized Synchronize) becomes the
-/// raw buffer itself, moved down in place, rather than a copy beside it:
-/// the chunk is held once, not twice, while it is decoded. The other
-/// fields are parsed by the generated code from what is left around it.
-fn parse_keeping_payload(
-    mut raw: Vec<u8>,
-    body: std::ops::Range<usize>,
-) -> protobuf::Result<ttrpc::Request> {
-    let Some((field, payload)) = payload_field(&raw[body.clone()])? else {
-        return ttrpc::Request::parse_from_bytes(&raw[body]);
-    };
-    let (field, payload) = (
-        body.start + field,
-        body.start + payload.start..body.start + payload.end,
-    );
-    let mut rest = raw[body.start..field].to_vec();
-    rest.extend_from_slice(&raw[payload.end..body.end]);
-    let mut req = ttrpc::Request::parse_from_bytes(&rest)?;
-    raw.truncate(payload.end);
-    raw.drain(..payload.start);
-    req.payload = raw;
-    Ok(req)
-}
-
-/// Where a request's only payload field starts and where its bytes are;
-/// `None` when there is none or more than one (the generated parser then
-/// decides which counts).
-fn payload_field(body: &[u8]) -> protobuf::Result<Option<(usize, std::ops::Range<usize>)>> {
-    const PAYLOAD_TAG: u32 = 3 << 3 | 2;
-    let mut is = protobuf::CodedInputStream::from_bytes(body);
-    let mut found = None;
-    let mut count = 0;
-    loop {
-        let field = pos(&is);
-        let Some(tag) = is.read_raw_tag_or_eof()? else {
-            break;
-        };
-        if tag == PAYLOAD_TAG {
-            let len = is.read_raw_varint32()?;
-            let start = pos(&is);
-            is.skip_raw_bytes(len)?;
-            found = Some((field, start..pos(&is)));
-            count += 1;
-        } else {
-            protobuf::rt::skip_field_for_tag(tag, &mut is)?;
-        }
-    }
-    Ok(found.filter(|_| count == 1))
-}
-
-/// A stream position within a message of at most [`MESSAGE_LENGTH_MAX`].
-fn pos(is: &protobuf::CodedInputStream<'_>) -> usize {
-    usize::try_from(is.pos()).unwrap_or(usize::MAX)
 }
 
 /// Answers one parsed message of conn 1 into `out`.
