@@ -43,6 +43,16 @@ impl MessageReader {
             self.buf.drain(..self.start);
             self.start = 0;
         }
+        // A message that spans frames gets its whole size at once: grown
+        // by doubling, a node-sized one was copied at each step and held
+        // old and new buffers together.
+        if let Some(header) = self.buf.get(..MESSAGE_HEADER_LENGTH) {
+            let len = MessageHeader::from(header).length as usize;
+            let whole = MESSAGE_HEADER_LENGTH + len;
+            if len <= MESSAGE_LENGTH_MAX && whole > self.buf.capacity() {
+                self.buf.reserve_exact(whole - self.buf.len());
+            }
+        }
         self.buf.extend_from_slice(bytes);
     }
 
