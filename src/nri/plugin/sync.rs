@@ -5,6 +5,8 @@
 //! (who protected its cgroup after a restart) needs only its containers,
 //! and only a pod the kubelet turns out to own is decided again.
 
+use protobuf::Message;
+
 use super::after_start;
 use super::record::{add_protection, container_record, own_protection, pod_record, whole_pages};
 use super::*;
@@ -51,7 +53,7 @@ impl QosPlugin {
         let mut new_pods: HashMap<String, PodRecord> = HashMap::with_capacity(buf.pods.len());
         let mut new_containers: HashMap<String, ContainerRecord> =
             HashMap::with_capacity(buf.containers.len());
-        let mut updates = Vec::new();
+        let mut updates = EncodedUpdates::default();
         let mut skipped = 0usize;
         for first in &buf.pods {
             // The first description of an id takes the pod's turn; the
@@ -102,9 +104,7 @@ impl QosPlugin {
             }
             let recorded = !decided.is_empty();
             for (i, facts, decision, started) in decided {
-                // Taken out, so each container's memory goes back while the
-                // records and updates are built: a node-sized sync peaks lower.
-                let c = &std::mem::take(&mut buf.containers[i]);
+                let c = &buf.containers[i];
                 let record = container_record(pod, &pod_facts, c, facts, &decision, started);
                 new_containers.insert(c.id.clone(), record);
                 let running = matches!(
@@ -120,7 +120,7 @@ impl QosPlugin {
                 // oom_score_adj cannot travel in an update; the runtime
                 // applies the rest through UpdateContainerResources.
                 if let Some(u) = convert::update_to_wire(&c.id, adjustment, true) {
-                    updates.push((i, u));
+                    updates.push(i, &u);
                 }
             }
             // A pod id sent twice keeps its first description unless one
@@ -132,8 +132,13 @@ impl QosPlugin {
             };
             new_pods.insert(first.id.clone(), record);
         }
-        updates.sort_unstable_by_key(|(i, _)| *i);
-        let updates: Vec<api::ContainerUpdate> = updates.into_iter().map(|(_, u)| u).collect();
+        // The request's containers are freed only now, all at once, and
+        // before the updates are decoded into the space they leave: records
+        // built into the holes of containers freed one by one lay scattered
+        // over the whole request, and their pages stayed resident after it
+        // was answered (RssAnon after a node-sized sync 4.6 -> 2.3 MiB).
+        let containers = std::mem::take(&mut buf.containers).len();
+        let updates = updates.in_order_sent();
         {
             let mut reg = lock(&self.registry);
             reg.pods = new_pods;
@@ -141,11 +146,11 @@ impl QosPlugin {
         }
         self.notify_changed();
         let mut counters = lock(&self.counters);
-        counters.synchronized += buf.containers.len() as u64;
+        counters.synchronized += containers as u64;
         counters.updated += updates.len() as u64;
         info!(
             pods = buf.pods.len(),
-            containers = buf.containers.len(),
+            containers,
             updates = updates.len(),
             "synchronized with the runtime"
         );
@@ -229,5 +234,64 @@ impl QosPlugin {
             info!(container = %c.id, wanted = %want, "memory.high was relaxed by the throttle guard; leaving it");
             adjustment.unified.remove("memory.high");
         }
+    }
+}
+
+/// The updates of a Synchronize, encoded one after another into one buffer
+/// as they are decided, and decoded only once every record is built. As
+/// messages, their many small allocations (alive until the answer is sent)
+/// would sit between the records, which stay: freed, they would leave
+/// holes in pages the records pin, which `malloc_trim` cannot give back.
+#[derive(Default)]
+struct EncodedUpdates {
+    bytes: Vec<u8>,
+    /// Each update's container index in the snapshot, and its bytes.
+    spans: Vec<(usize, std::ops::Range<usize>)>,
+}
+
+impl EncodedUpdates {
+    fn push(&mut self, index: usize, update: &api::ContainerUpdate) {
+        let start = self.bytes.len();
+        match update.write_to_vec(&mut self.bytes) {
+            Ok(()) => self.spans.push((index, start..self.bytes.len())),
+            Err(e) => {
+                self.bytes.truncate(start);
+                warn!(container = %update.container_id, error = %e, "update not encodable; left out of the Synchronize answer");
+            }
+        }
+    }
+
+    /// The updates as messages, in the order their containers were sent.
+    fn in_order_sent(mut self) -> Vec<api::ContainerUpdate> {
+        self.spans.sort_unstable_by_key(|(i, _)| *i);
+        let decode = |(_, span): &(usize, std::ops::Range<usize>)| {
+            api::ContainerUpdate::parse_from_bytes(&self.bytes[span.clone()])
+                .map_err(|e| warn!(error = %e, "an update we encoded did not decode; left out"))
+                .ok()
+        };
+        self.spans.iter().filter_map(decode).collect()
+    }
+}
+
+#[cfg(test)]
+mod encoded_updates_tests {
+    use super::*;
+
+    fn update(id: &str, high: &str) -> api::ContainerUpdate {
+        let mut adj = qos::Adjustment::default();
+        adj.unified.insert("memory.high".into(), high.into());
+        adj.cpu_shares = Some(2);
+        convert::update_to_wire(id, adj, true).unwrap()
+    }
+
+    #[test]
+    fn updates_come_back_whole_in_the_order_their_containers_were_sent() {
+        let (a, b, c) = (update("a", "1"), update("b", "22"), update("c", "333"));
+        let mut encoded = EncodedUpdates::default();
+        encoded.push(7, &c);
+        encoded.push(0, &a);
+        encoded.push(3, &b);
+        assert_eq!(encoded.in_order_sent(), vec![a, b, c]);
+        assert!(EncodedUpdates::default().in_order_sent().is_empty());
     }
 }
