@@ -166,10 +166,11 @@ async fn pump_incoming(
                 requests.push(&payload);
                 let mut freed = false;
                 while let Some(msg) = requests.next() {
+                    // A large message that ended the buffer leaves with it
+                    // (its payload becomes the request's); any other large
+                    // one's raw bytes go back here, before its handler runs.
                     freed |= matches!(msg, Incoming::Whole(..));
                     let msg = parse(msg);
-                    // A node-sized Synchronize is decoded from here on: its
-                    // raw bytes go back before its handler builds the answer.
                     freed |= requests.shrink();
                     answer(&services, msg, &mut answers).await;
                     // A frame may hold many small requests: write as we go
