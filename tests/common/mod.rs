@@ -13,6 +13,8 @@
     clippy::cast_lossless
 )]
 
+pub mod lean_peer;
+
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
