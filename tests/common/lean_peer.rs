@@ -16,7 +16,7 @@ use protobuf::Message;
 use ttrpc::proto::{MESSAGE_HEADER_LENGTH, MESSAGE_LENGTH_MAX, MESSAGE_TYPE_REQUEST};
 use ttrpc::{Code, MessageHeader};
 
-use super::{frame, TIMEOUT};
+use super::{configure_request, frame, TIMEOUT};
 
 /// The plugin's service, called on conn 1.
 pub const PLUGIN_CONN: u32 = 1;
@@ -118,14 +118,7 @@ impl LeanPeer {
         while self.registered.is_empty() {
             self.read_one_message();
         }
-        let req = api::ConfigureRequest {
-            runtime_name: "containerd".into(),
-            runtime_version: "v2.1.9".into(),
-            registration_timeout: 5000,
-            request_timeout: 2000,
-            ..Default::default()
-        };
-        self.call_message("Configure", &req)
+        self.call_message("Configure", &configure_request(true))
     }
 
     /// The mux frames of a call to the plugin's `method` with an encoded
