@@ -727,27 +727,21 @@ fn the_benches_blocking_peer_drives_the_plugin() {
 /// error status.
 #[test]
 fn the_benches_blocking_peer_serves_conn_2_between_a_call_and_its_answer() {
-    use common::lean_peer::{frames, read_frame, LeanPeer, PLUGIN_CONN, RUNTIME_CONN};
+    use common::lean_peer::{
+        frames, read_frame, request_message, response_message, LeanPeer, PLUGIN_CONN, RUNTIME_CONN,
+    };
     use protobuf::Message;
     use std::io::Write;
     use ttrpc::MessageHeader;
-    fn message(header: MessageHeader, body: Vec<u8>) -> Vec<u8> {
-        let mut m: Vec<u8> = header.into();
-        m.extend_from_slice(&body);
-        m
-    }
     fn call(id: u32, method: &str, payload: Vec<u8>) -> Vec<u8> {
-        let body = ttrpc::Request {
+        let req = ttrpc::Request {
             service: "nri.pkg.api.v1alpha1.Runtime".into(),
             method: method.into(),
             payload,
             ..Default::default()
-        }
-        .write_to_bytes()
-        .unwrap();
+        };
         let mut out = Vec::new();
-        let m = message(MessageHeader::new_request(id, body.len() as u32), body);
-        frames(RUNTIME_CONN, &m, &mut out);
+        frames(RUNTIME_CONN, &request_message(id, &req), &mut out);
         out
     }
     let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -774,13 +768,8 @@ fn the_benches_blocking_peer_serves_conn_2_between_a_call_and_its_answer() {
         let answer = ttrpc::Response {
             payload: api::ConfigureResponse::new().write_to_bytes().unwrap(),
             ..Default::default()
-        }
-        .write_to_bytes()
-        .unwrap();
-        let answer = message(
-            MessageHeader::new_response(configure.stream_id, answer.len() as u32),
-            answer,
-        );
+        };
+        let answer = response_message(configure.stream_id, &answer);
         let (head, tail) = answer.split_at(6);
         let mut out = common::frame(PLUGIN_CONN, head);
         out.extend(call(3, "UpdateContainers", Vec::new()));

@@ -55,6 +55,24 @@ fn message(header: MessageHeader, body: &[u8]) -> Vec<u8> {
     m
 }
 
+/// A ttrpc request message (header and encoded `req`).
+pub fn request_message(stream_id: u32, req: &ttrpc::Request) -> Vec<u8> {
+    let body = req.write_to_bytes().unwrap();
+    message(
+        MessageHeader::new_request(stream_id, body.len() as u32),
+        &body,
+    )
+}
+
+/// A ttrpc response message (header and encoded `resp`).
+pub fn response_message(stream_id: u32, resp: &ttrpc::Response) -> Vec<u8> {
+    let body = resp.write_to_bytes().unwrap();
+    message(
+        MessageHeader::new_response(stream_id, body.len() as u32),
+        &body,
+    )
+}
+
 /// One plugin connection, seen from the runtime.
 pub struct LeanPeer {
     /// Reads through one buffer: a frame header and the payload after it
@@ -124,26 +142,17 @@ impl LeanPeer {
     /// The mux frames of a call to the plugin's `method` with an encoded
     /// request, taking the next stream id: what [`Self::round_trip`] sends.
     pub fn request(&mut self, method: &str, payload: &[u8]) -> Vec<u8> {
-        let body = ttrpc::Request {
+        let req = ttrpc::Request {
             service: PLUGIN_SERVICE.into(),
             method: method.into(),
             payload: payload.to_vec(),
             timeout_nano: 2_000_000_000,
             ..Default::default()
-        }
-        .write_to_bytes()
-        .unwrap();
+        };
         let stream_id = self.next_stream;
         self.next_stream += 2;
-        let mut out = Vec::with_capacity(body.len() + 32);
-        frames(
-            PLUGIN_CONN,
-            &message(
-                MessageHeader::new_request(stream_id, body.len() as u32),
-                &body,
-            ),
-            &mut out,
-        );
+        let mut out = Vec::new();
+        frames(PLUGIN_CONN, &request_message(stream_id, &req), &mut out);
         out
     }
 
@@ -240,14 +249,10 @@ impl LeanPeer {
                 ));
             }
         }
-        let reply = resp.write_to_bytes().unwrap();
         self.out.clear();
         frames(
             RUNTIME_CONN,
-            &message(
-                MessageHeader::new_response(header.stream_id, reply.len() as u32),
-                &reply,
-            ),
+            &response_message(header.stream_id, &resp),
             &mut self.out,
         );
         self.reader
