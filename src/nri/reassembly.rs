@@ -141,6 +141,39 @@ impl SyncReassembler {
         self.finish(more, deadline, span)
     }
 
+    /// Whether nothing of a Synchronize is held yet, so that a message
+    /// may be taken whole by [`Self::take_whole`].
+    pub fn is_fresh(&self) -> bool {
+        self.deadline.is_none()
+    }
+
+    /// Takes a fresh Synchronize sent as one message (`more` false) of
+    /// `objects` pods and containers in `bytes` encoded bytes (at least
+    /// what [`Self::push`] counts of them) that [`Self::push`] would keep
+    /// whole: returns until when its answer is in time. `None` (and
+    /// nothing changed) for any other message, which goes to
+    /// [`Self::push`].
+    pub fn take_whole(
+        &mut self,
+        objects: usize,
+        bytes: usize,
+        more: bool,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Option<Option<Instant>> {
+        if !self.is_fresh() || more {
+            return None;
+        }
+        let span = timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT);
+        let deadline = now + span;
+        let accept_until = deadline.checked_sub(span / 4).unwrap_or(deadline);
+        let late = now > accept_until;
+        if late || objects > self.budget_objects || bytes > self.budget_bytes {
+            return None;
+        }
+        Some(deadline.checked_sub(span / 8))
+    }
+
     /// The whole Synchronize once its last chunk is in.
     fn finish(&mut self, more: bool, deadline: Instant, span: Duration) -> Option<Complete> {
         if more {

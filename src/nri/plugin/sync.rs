@@ -5,30 +5,153 @@
 //! (who protected its cgroup after a restart) needs only its containers,
 //! and only a pod the kubelet turns out to own is decided again.
 
+use std::borrow::Cow;
+use std::ops::Range;
+
 use protobuf::Message;
 
 use super::after_start;
+use super::handlers;
 use super::record::{add_protection, container_record, own_protection, pod_record, whole_pages};
 use super::*;
 use crate::node::layout::{container_cgroup_dir_in, PodCgroups};
+use crate::nri::lean_sync;
 
-/// One container of a pod being synchronized: its index in the snapshot,
-/// its facts and decision, and when deciding it started.
+/// One container of a pod being synchronized: its index among the pod's
+/// members, its facts and decision, and when deciding it started.
 type Decided = (usize, qos::ContainerFacts, qos::Decision, Instant);
 
+/// A pod's containers: each one's index in the order sent, and itself.
+type Members<'a> = [(usize, Cow<'a, api::Container>)];
+
+/// The containers of a Synchronize: decoded (chunks reassembled), or the
+/// one message's bytes, each container decoded when its pod's turn comes,
+/// so that the whole decoded request is never alive at once.
+pub(super) enum SyncContainers {
+    Decoded(Vec<api::Container>),
+    Located {
+        bytes: Vec<u8>,
+        /// See [`lean_sync::Indexed::containers`].
+        at: Vec<(Range<usize>, Option<usize>)>,
+    },
+}
+
+impl SyncContainers {
+    fn len(&self) -> usize {
+        match self {
+            Self::Decoded(all) => all.len(),
+            Self::Located { at, .. } => at.len(),
+        }
+    }
+
+    /// The id of the pod the `i`th container names.
+    fn pod_id<'p>(&'p self, i: usize, pods: &'p [api::PodSandbox]) -> Option<&'p str> {
+        match self {
+            Self::Decoded(all) => Some(all[i].pod_sandbox_id.as_str()),
+            Self::Located { at, .. } => at[i].1.and_then(|p| pods.get(p)).map(|p| p.id.as_str()),
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<Cow<'_, api::Container>> {
+        match self {
+            Self::Decoded(all) => Some(Cow::Borrowed(&all[i])),
+            Self::Located { bytes, at } => {
+                // Located by lean_sync, which decoded each one once.
+                let located = bytes.get(at[i].0.clone())?;
+                lean_sync::decode_container(located)
+                    .map_err(|e| warn!(error = %e, "a located container did not decode; skipped"))
+                    .ok()
+                    .map(Cow::Owned)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl lean_sync::SynchronizeEncoded for QosPlugin {
+    /// A Synchronize sent as one message is decided pod by pod from its
+    /// bytes; chunks are decoded and reassembled as before (holding every
+    /// chunk's bytes to the last would raise a chunked Synchronize's peak).
+    async fn synchronize_encoded(
+        &self,
+        ctx: &TtrpcContext,
+        payload: Vec<u8>,
+    ) -> ttrpc::Result<api::SynchronizeResponse> {
+        let fresh = lock(&self.sync).is_fresh();
+        let req = if fresh {
+            let indexed =
+                lean_sync::index_synchronize(&payload).map_err(lean_sync::invalid_request)?;
+            let objects = indexed.pods.len() + indexed.containers.len();
+            let timeout = handlers::request_timeout(ctx);
+            let whole = lock(&self.sync).take_whole(
+                objects,
+                payload.len(),
+                indexed.more,
+                timeout,
+                Instant::now(),
+            );
+            if let Some(answer_by) = whole {
+                let containers = SyncContainers::Located {
+                    bytes: payload,
+                    at: indexed.containers,
+                };
+                let update = self.sync_pods(&indexed.pods, containers, 0, answer_by);
+                self.synchronized.send_replace(true);
+                return Ok(api::SynchronizeResponse {
+                    update,
+                    ..Default::default()
+                });
+            }
+            let containers = indexed.containers.iter();
+            let decode = |(at, _): &(Range<usize>, Option<usize>)| {
+                lean_sync::decode_container(payload.get(at.clone()).unwrap_or_default())
+            };
+            api::SynchronizeRequest {
+                pods: indexed.pods,
+                containers: containers
+                    .map(decode)
+                    .collect::<protobuf::Result<_>>()
+                    .map_err(lean_sync::invalid_request)?,
+                more: indexed.more,
+                ..Default::default()
+            }
+        } else {
+            lean_sync::decode_synchronize(&payload).map_err(lean_sync::invalid_request)?
+        };
+        drop(payload);
+        self.synchronize(ctx, req).await
+    }
+}
+
 impl QosPlugin {
+    /// [`Self::sync_pods`] of a reassembled Synchronize.
+    pub(super) fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
+        let Complete {
+            snapshot,
+            dropped,
+            answer_by,
+        } = whole;
+        let containers = SyncContainers::Decoded(snapshot.containers);
+        self.sync_pods(&snapshot.pods, containers, dropped, answer_by)
+    }
+
     /// Rebuilds the registry from a whole Synchronize and returns the
     /// updates for containers that already run, in the order sent. The new
     /// records replace the old ones in one step at the end (the owners are
     /// kept).
-    pub(super) fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
+    fn sync_pods(
+        &self,
+        all_pods: &[api::PodSandbox],
+        containers: SyncContainers,
+        dropped: usize,
+        answer_by: Option<Instant>,
+    ) -> Vec<api::ContainerUpdate> {
         // Only CRI-O describes a resized container with its creation-time
         // resources after a restart; elsewhere the report is current and
         // two file reads per container would only slow the sync.
         let forgets_resizes = self
             .runtime_info()
             .is_some_and(|r| forgets_resizes(&r.name));
-        let mut buf = whole.snapshot;
         let live = self.live();
         let policy = &*live.policy;
         let rules = (&self.settings.node, policy);
@@ -38,24 +161,27 @@ impl QosPlugin {
         // Of two pods with one id, the later one describes it (as a map
         // keeps it); with it, the indices of its containers.
         let mut pods: HashMap<&str, (&api::PodSandbox, Vec<usize>)> =
-            HashMap::with_capacity(buf.pods.len());
-        for p in &buf.pods {
+            HashMap::with_capacity(all_pods.len());
+        for p in all_pods {
             pods.insert(p.id.as_str(), (p, Vec::new()));
         }
-        for (i, c) in buf.containers.iter().enumerate() {
-            match pods.get_mut(c.pod_sandbox_id.as_str()) {
+        for i in 0..containers.len() {
+            let pod_id = containers.pod_id(i, all_pods);
+            match pod_id.and_then(|id| pods.get_mut(id)) {
                 Some((_, members)) => members.push(i),
                 None => {
-                    debug!(container = %c.id, "synchronized container without a known pod; skipped")
+                    let c = containers.get(i);
+                    let id = c.as_ref().map_or("", |c| c.id.as_str());
+                    debug!(container = %id, "synchronized container without a known pod; skipped")
                 }
             }
         }
-        let mut new_pods: HashMap<String, PodRecord> = HashMap::with_capacity(buf.pods.len());
+        let mut new_pods: HashMap<String, PodRecord> = HashMap::with_capacity(all_pods.len());
         let mut new_containers: HashMap<String, ContainerRecord> =
-            HashMap::with_capacity(buf.containers.len());
+            HashMap::with_capacity(containers.len());
         let mut updates = EncodedUpdates::default();
         let mut skipped = 0usize;
-        for first in &buf.pods {
+        for first in all_pods {
             // The first description of an id takes the pod's turn; the
             // later ones find it gone.
             let Some((pod, members)) = pods.remove(first.id.as_str()) else {
@@ -64,24 +190,25 @@ impl QosPlugin {
             let mut pod_facts = convert::pod_from_wire(pod);
             // Answer in time with what we have rather than be dropped for
             // being late; the rest is learnt from later events.
-            if skipped > 0 || whole.answer_by.is_some_and(|t| Instant::now() > t) {
+            if skipped > 0 || answer_by.is_some_and(|t| Instant::now() > t) {
                 skipped += members.len();
                 new_pods.insert(first.id.clone(), pod_record(&first.id, &pod_facts));
                 continue;
             }
+            let get = |&i: &usize| containers.get(i).map(|c| (i, c));
+            let members: Vec<_> = members.iter().filter_map(get).collect();
             let kernel: Vec<Option<api::LinuxResources>> = if forgets_resizes {
-                let limits = |&i: &usize| self.resources_from_kernel(&buf.containers[i]);
+                let limits = |(_, c): &(usize, Cow<api::Container>)| self.resources_from_kernel(c);
                 members.iter().map(limits).collect()
             } else {
                 Vec::new()
             };
             let decide_all = |pod_facts: &qos::PodFacts| -> Vec<Decided> {
-                let one = |(k, &i): (usize, &usize)| {
+                let one = |(k, (_, c)): (usize, &(usize, Cow<api::Container>))| {
                     let started = Instant::now();
                     let resources = kernel.get(k).and_then(Option::as_ref);
-                    let c = &buf.containers[i];
                     let (facts, d) = decide_wire(pod_facts, c, resources, rules, api_pods);
-                    (i, facts, d, started)
+                    (k, facts, d, started)
                 };
                 members.iter().enumerate().map(one).collect()
             };
@@ -96,15 +223,14 @@ impl QosPlugin {
             }
             let mut decided = decide_all(&pod_facts);
             let unknown = pod_cg.filter(|_| !pod_facts.kubelet_memory_qos);
-            if unknown
-                .is_some_and(|cg| self.kubelet_found_in_sync(pod, cg, &buf.containers, &decided))
-            {
+            if unknown.is_some_and(|cg| self.kubelet_found_in_sync(pod, cg, &members, &decided)) {
                 pod_facts.kubelet_memory_qos = true;
                 decided = decide_all(&pod_facts);
             }
             let recorded = !decided.is_empty();
-            for (i, facts, decision, started) in decided {
-                let c = &buf.containers[i];
+            for (k, facts, decision, started) in decided {
+                let (i, c) = &members[k];
+                let (i, c) = (*i, &**c);
                 let record = container_record(pod, &pod_facts, c, facts, &decision, started);
                 new_containers.insert(c.id.clone(), record);
                 let running = matches!(
@@ -137,7 +263,11 @@ impl QosPlugin {
         // built into the holes of containers freed one by one lay scattered
         // over the whole request, and their pages stayed resident after it
         // was answered (RssAnon after a node-sized sync 4.6 -> 2.3 MiB).
-        let containers = std::mem::take(&mut buf.containers).len();
+        let containers = {
+            let count = containers.len();
+            drop(containers);
+            count
+        };
         let updates = updates.in_order_sent();
         {
             let mut reg = lock(&self.registry);
@@ -149,14 +279,14 @@ impl QosPlugin {
         counters.synchronized += containers as u64;
         counters.updated += updates.len() as u64;
         info!(
-            pods = buf.pods.len(),
+            pods = all_pods.len(),
             containers,
             updates = updates.len(),
             "synchronized with the runtime"
         );
-        if whole.dropped + skipped > 0 {
+        if dropped + skipped > 0 {
             warn!(
-                dropped = whole.dropped,
+                dropped,
                 not_decided = skipped,
                 "Synchronize was partial (see the reassembly bounds); the rest is handled as events arrive"
             );
@@ -176,7 +306,7 @@ impl QosPlugin {
         &self,
         pod: &api::PodSandbox,
         cg: PodCgroups,
-        containers: &[api::Container],
+        containers: &Members<'_>,
         decided: &[Decided],
     ) -> bool {
         let pod_cg = cg.pod;
@@ -203,8 +333,8 @@ impl QosPlugin {
                 return true;
             }
         }
-        decided.iter().any(|(i, facts, d, _)| {
-            let c = &containers[*i];
+        decided.iter().any(|(k, facts, d, _)| {
+            let c = &containers[*k].1;
             let running = c.state.enum_value() == Ok(api::ContainerState::CONTAINER_RUNNING);
             let path = c.linux.as_ref().map_or("", |l| l.cgroups_path.as_str());
             // A pod cgroup without memory.min (gone, or no memory
