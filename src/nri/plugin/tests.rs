@@ -594,3 +594,72 @@ async fn a_chunked_synchronize_gives_the_registry_and_updates_of_one_message() {
         (updates, records)
     );
 }
+
+/// [`synchronized`] through the handler of encoded messages.
+async fn synchronized_encoded(
+    p: &QosPlugin,
+    chunks: Vec<api::SynchronizeRequest>,
+) -> (Vec<api::ContainerUpdate>, Vec<String>) {
+    use crate::nri::lean_sync::SynchronizeEncoded;
+    let mut updates = Vec::new();
+    for chunk in chunks {
+        let bytes = protobuf::Message::write_to_bytes(&chunk).unwrap();
+        let resp = p.synchronize_encoded(&TtrpcContext::default(), bytes).await;
+        let resp = resp.unwrap();
+        assert_eq!(resp.more, chunk.more);
+        updates = resp.update;
+    }
+    let reg = lock(&p.registry);
+    let mut records: Vec<String> = reg.pods.values().map(|r| format!("{r:?}")).collect();
+    records.extend(reg.containers.values().map(|r| format!("{r:?}")));
+    records.sort();
+    (updates, records)
+}
+
+#[tokio::test]
+async fn a_synchronize_decided_pod_by_pod_from_its_bytes_gives_what_the_decoded_one_gives() {
+    use crate::nri::lean_sync::SynchronizeEncoded;
+    let dir = tempfile::tempdir().unwrap();
+    let [a, b, c] = ["a", "b", "c"].map(|id| kubelet_pod(dir.path(), id, 0));
+    let mut a_later = a.clone();
+    a_later.name = "a-later".into();
+    // Out of pod order, one of a pod never sent, a pod sent twice.
+    let mut containers: Vec<_> = ["b1", "a1", "c1", "a2", "b2"]
+        .iter()
+        .map(|id| {
+            let path = format!("/kubepods/burstable/pod{}/{id}", &id[..1]);
+            in_cgroup(hidden_container(id, &id[..1]), &path)
+        })
+        .collect();
+    containers.insert(2, hidden_container("x", "unknown"));
+    let pods = vec![a, b, c, a_later];
+    let msg =
+        |pods: &[api::PodSandbox], containers: &[api::Container], more| api::SynchronizeRequest {
+            pods: pods.to_vec(),
+            containers: containers.to_vec(),
+            more,
+            ..Default::default()
+        };
+    let whole = vec![msg(&pods, &containers, false)];
+    let decoded = synchronized(&plugin(dir.path()), whole.clone()).await;
+    let ids: Vec<&str> = decoded.0.iter().map(|u| u.container_id.as_str()).collect();
+    assert_eq!(ids, ["b1", "a1", "c1", "a2", "b2"]);
+    assert!(decoded.1.iter().any(|r| r.contains("a-later")));
+    assert_eq!(synchronized_encoded(&plugin(dir.path()), whole).await, decoded);
+    let chunked = vec![
+        msg(&pods[..1], &containers[..2], true),
+        msg(&pods[1..], &containers[2..4], true),
+        msg(&[], &containers[4..], false),
+    ];
+    assert_eq!(synchronized_encoded(&plugin(dir.path()), chunked).await, decoded);
+    // Garbage is refused and leaves nothing held: a whole message after it
+    // is taken as usual.
+    let p = plugin(dir.path());
+    let ctx = TtrpcContext::default();
+    match p.synchronize_encoded(&ctx, vec![18, 50, 1]).await {
+        Err(ttrpc::Error::RpcStatus(s)) => assert_eq!(s.code(), ttrpc::Code::INVALID_ARGUMENT),
+        other => panic!("{other:?}"),
+    }
+    let whole = vec![msg(&pods, &containers, false)];
+    assert_eq!(synchronized_encoded(&p, whole).await, decoded);
+}
