@@ -645,13 +645,19 @@ async fn a_synchronize_decided_pod_by_pod_from_its_bytes_gives_what_the_decoded_
     let ids: Vec<&str> = decoded.0.iter().map(|u| u.container_id.as_str()).collect();
     assert_eq!(ids, ["b1", "a1", "c1", "a2", "b2"]);
     assert!(decoded.1.iter().any(|r| r.contains("a-later")));
-    assert_eq!(synchronized_encoded(&plugin(dir.path()), whole).await, decoded);
+    assert_eq!(
+        synchronized_encoded(&plugin(dir.path()), whole).await,
+        decoded
+    );
     let chunked = vec![
         msg(&pods[..1], &containers[..2], true),
         msg(&pods[1..], &containers[2..4], true),
         msg(&[], &containers[4..], false),
     ];
-    assert_eq!(synchronized_encoded(&plugin(dir.path()), chunked).await, decoded);
+    assert_eq!(
+        synchronized_encoded(&plugin(dir.path()), chunked).await,
+        decoded
+    );
     // Garbage is refused and leaves nothing held: a whole message after it
     // is taken as usual.
     let p = plugin(dir.path());
