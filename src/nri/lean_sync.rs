@@ -5,9 +5,12 @@
 //! which the policy, the registry or `audit` ever reads. The generated
 //! parser builds all of it (some 384 bytes of structs per container before
 //! any of those lists); this decoder keeps the same `api` types but fills
-//! only what is read, skips the rest on the wire, and frees the request's
-//! bytes before the handler runs. What it keeps is exactly what the
-//! generated parser gives for those fields (tested against it).
+//! only what is read and skips the rest on the wire. A plugin may take the
+//! message still encoded ([`SynchronizeEncoded`]): the plugin's own
+//! decodes a Synchronize sent as one message pod by pod from its bytes
+//! ([`index_synchronize`]); otherwise the request's bytes are freed before
+//! the handler runs. What it keeps is exactly what the generated parser
+//! gives for those fields (tested against it).
 //!
 //! Kept: a pod's id, name, uid, namespace, labels, annotations and its
 //! `linux.cgroup_parent` and `linux.pod_resources`; a container's id,
@@ -161,6 +164,20 @@ pub fn index_synchronize(bytes: &[u8]) -> protobuf::Result<Indexed> {
         containers,
         more,
     })
+}
+
+/// Whether a Synchronize chunk says more follow: its top-level fields
+/// only, the pods and containers skipped.
+pub fn says_more(bytes: &[u8]) -> protobuf::Result<bool> {
+    let mut is = CodedInputStream::from_bytes(bytes);
+    let mut more = false;
+    while let Some(tag) = is.read_raw_tag_or_eof()? {
+        match tag {
+            24 => more = is.read_bool()?,
+            _ => skip(&mut is, tag)?,
+        }
+    }
+    Ok(more)
 }
 
 /// One container located by [`index_synchronize`] (its length and body).

@@ -3,7 +3,10 @@
 //!
 //! Pod by pod, each container is decided once: a pod's own protection sum
 //! (who protected its cgroup after a restart) needs only its containers,
-//! and only a pod the kubelet turns out to own is decided again.
+//! and only a pod the kubelet turns out to own is decided again. A
+//! Synchronize sent as one message keeps its bytes, and a pod's containers
+//! are decoded only for its turn: decoded whole, the request took ~1.5 KB
+//! of heap per container beside the new registry, the sync's peak.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -77,16 +80,16 @@ impl lean_sync::SynchronizeEncoded for QosPlugin {
         ctx: &TtrpcContext,
         payload: Vec<u8>,
     ) -> ttrpc::Result<api::SynchronizeResponse> {
-        let fresh = lock(&self.sync).is_fresh();
-        let req = if fresh {
-            let indexed =
-                lean_sync::index_synchronize(&payload).map_err(lean_sync::invalid_request)?;
+        let invalid = lean_sync::invalid_request;
+        let more = lean_sync::says_more(&payload).map_err(invalid)?;
+        if !more && lock(&self.sync).is_fresh() {
+            let indexed = lean_sync::index_synchronize(&payload).map_err(invalid)?;
             let objects = indexed.pods.len() + indexed.containers.len();
             let timeout = handlers::request_timeout(ctx);
             let whole = lock(&self.sync).take_whole(
                 objects,
                 payload.len(),
-                indexed.more,
+                more,
                 timeout,
                 Instant::now(),
             );
@@ -102,22 +105,8 @@ impl lean_sync::SynchronizeEncoded for QosPlugin {
                     ..Default::default()
                 });
             }
-            let containers = indexed.containers.iter();
-            let decode = |(at, _): &(Range<usize>, Option<usize>)| {
-                lean_sync::decode_container(payload.get(at.clone()).unwrap_or_default())
-            };
-            api::SynchronizeRequest {
-                pods: indexed.pods,
-                containers: containers
-                    .map(decode)
-                    .collect::<protobuf::Result<_>>()
-                    .map_err(lean_sync::invalid_request)?,
-                more: indexed.more,
-                ..Default::default()
-            }
-        } else {
-            lean_sync::decode_synchronize(&payload).map_err(lean_sync::invalid_request)?
-        };
+        }
+        let req = lean_sync::decode_synchronize(&payload).map_err(invalid)?;
         drop(payload);
         self.synchronize(ctx, req).await
     }
