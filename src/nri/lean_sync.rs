@@ -116,13 +116,14 @@ pub fn decode_synchronize(bytes: &[u8]) -> protobuf::Result<api::SynchronizeRequ
     Ok(req)
 }
 
-/// A Synchronize message whose pods are decoded and whose containers are
-/// only located, to be decoded by [`decode_container`] when their pod's
-/// turn comes: the whole message decoded at once took ~1.5 KB of heap per
+/// A Synchronize message whose pods and containers are only located, to be
+/// decoded by [`decode_pod`] and [`decode_container`] when their pod's turn
+/// comes: the whole message decoded at once took ~1.5 KB of heap per
 /// container for ~170 B on the wire.
 #[derive(Debug)]
 pub struct Indexed {
-    pub pods: Vec<api::PodSandbox>,
+    /// Each pod's bytes in the message, in the order sent, and its id.
+    pub pods: Vec<(Range<usize>, String)>,
     /// Each container's bytes in the message, in the order sent, and the
     /// index in `pods` of the pod it names (of two pods with one id, the
     /// later, as a map keeps it), if any.
@@ -140,7 +141,11 @@ pub fn index_synchronize(bytes: &[u8]) -> protobuf::Result<Indexed> {
     let mut more = false;
     while let Some(tag) = is.read_raw_tag_or_eof()? {
         match tag {
-            10 => pods.push(message(&mut is, pod_fields)?),
+            10 => {
+                let start = position(&is);
+                let p: api::PodSandbox = message(&mut is, pod_fields)?;
+                pods.push((start..position(&is), p.id));
+            }
             18 => {
                 let start = position(&is);
                 let c: api::Container = message(&mut is, container_fields)?;
@@ -151,8 +156,8 @@ pub fn index_synchronize(bytes: &[u8]) -> protobuf::Result<Indexed> {
         }
     }
     let mut by_id: HashMap<&str, usize> = HashMap::with_capacity(pods.len());
-    for (i, p) in pods.iter().enumerate() {
-        by_id.insert(p.id.as_str(), i);
+    for (i, (_, id)) in pods.iter().enumerate() {
+        by_id.insert(id.as_str(), i);
     }
     let containers = located
         .into_iter()
@@ -178,6 +183,11 @@ pub fn says_more(bytes: &[u8]) -> protobuf::Result<bool> {
         }
     }
     Ok(more)
+}
+
+/// One pod located by [`index_synchronize`] (its length and body).
+pub fn decode_pod(located: &[u8]) -> protobuf::Result<api::PodSandbox> {
+    message(&mut CodedInputStream::from_bytes(located), pod_fields)
 }
 
 /// One container located by [`index_synchronize`] (its length and body).

@@ -246,15 +246,21 @@ proptest! {
 /// each container's pod checked against the pods by id (the later wins).
 fn indexed_then_decoded(bytes: &[u8]) -> protobuf::Result<api::SynchronizeRequest> {
     let indexed = index_synchronize(bytes)?;
+    let mut pods = Vec::new();
+    for (at, id) in &indexed.pods {
+        let p = decode_pod(&bytes[at.clone()]).expect("a located pod decodes");
+        assert_eq!(&p.id, id);
+        pods.push(p);
+    }
     let mut containers = Vec::new();
     for (at, pod) in &indexed.containers {
         let c = decode_container(&bytes[at.clone()]).expect("a located container decodes");
-        let last = indexed.pods.iter().rposition(|p| p.id == c.pod_sandbox_id);
+        let last = pods.iter().rposition(|p| p.id == c.pod_sandbox_id);
         assert_eq!(*pod, last, "{c:?}");
         containers.push(c);
     }
     Ok(api::SynchronizeRequest {
-        pods: indexed.pods,
+        pods,
         containers,
         more: indexed.more,
         ..Default::default()

@@ -19,6 +19,7 @@ use super::record::{add_protection, container_record, own_protection, pod_record
 use super::*;
 use crate::node::layout::{container_cgroup_dir_in, PodCgroups};
 use crate::nri::lean_sync;
+use crate::nri::reassembly::Snapshot;
 
 /// One container of a pod being synchronized: its index among the pod's
 /// members, its facts and decision, and when deciding it started.
@@ -27,47 +28,79 @@ type Decided = (usize, qos::ContainerFacts, qos::Decision, Instant);
 /// A pod's containers: each one's index in the order sent, and itself.
 type Members<'a> = [(usize, Cow<'a, api::Container>)];
 
-/// The containers of a Synchronize: decoded (chunks reassembled), or the
-/// one message's bytes, each container decoded when its pod's turn comes,
-/// so that the whole decoded request is never alive at once.
-pub(super) enum SyncContainers {
-    Decoded(Vec<api::Container>),
+/// The pods and containers of a Synchronize: decoded (chunks reassembled),
+/// or the one message's bytes, each pod and container decoded when its
+/// pod's turn comes, so that the whole decoded request is never alive at
+/// once.
+pub(super) enum SyncSource {
+    Decoded(Snapshot),
     Located {
         bytes: Vec<u8>,
-        /// See [`lean_sync::Indexed::containers`].
-        at: Vec<(Range<usize>, Option<usize>)>,
+        index: lean_sync::Indexed,
     },
 }
 
-impl SyncContainers {
-    fn len(&self) -> usize {
+impl SyncSource {
+    fn pods(&self) -> usize {
         match self {
-            Self::Decoded(all) => all.len(),
-            Self::Located { at, .. } => at.len(),
+            Self::Decoded(s) => s.pods.len(),
+            Self::Located { index, .. } => index.pods.len(),
+        }
+    }
+
+    fn pod_id(&self, p: usize) -> &str {
+        match self {
+            Self::Decoded(s) => &s.pods[p].id,
+            Self::Located { index, .. } => &index.pods[p].1,
+        }
+    }
+
+    fn pod(&self, p: usize) -> Option<Cow<'_, api::PodSandbox>> {
+        match self {
+            Self::Decoded(s) => Some(Cow::Borrowed(&s.pods[p])),
+            Self::Located { bytes, index } => {
+                located(bytes, &index.pods[p].0, lean_sync::decode_pod)
+            }
+        }
+    }
+
+    fn containers(&self) -> usize {
+        match self {
+            Self::Decoded(s) => s.containers.len(),
+            Self::Located { index, .. } => index.containers.len(),
         }
     }
 
     /// The id of the pod the `i`th container names.
-    fn pod_id<'p>(&'p self, i: usize, pods: &'p [api::PodSandbox]) -> Option<&'p str> {
+    fn container_pod_id(&self, i: usize) -> Option<&str> {
         match self {
-            Self::Decoded(all) => Some(all[i].pod_sandbox_id.as_str()),
-            Self::Located { at, .. } => at[i].1.and_then(|p| pods.get(p)).map(|p| p.id.as_str()),
+            Self::Decoded(s) => Some(&s.containers[i].pod_sandbox_id),
+            Self::Located { index, .. } => index.containers[i].1.map(|p| self.pod_id(p)),
         }
     }
 
-    fn get(&self, i: usize) -> Option<Cow<'_, api::Container>> {
+    fn container(&self, i: usize) -> Option<Cow<'_, api::Container>> {
         match self {
-            Self::Decoded(all) => Some(Cow::Borrowed(&all[i])),
-            Self::Located { bytes, at } => {
-                // Located by lean_sync, which decoded each one once.
-                let located = bytes.get(at[i].0.clone())?;
-                lean_sync::decode_container(located)
-                    .map_err(|e| warn!(error = %e, "a located container did not decode; skipped"))
-                    .ok()
-                    .map(Cow::Owned)
+            Self::Decoded(s) => Some(Cow::Borrowed(&s.containers[i])),
+            Self::Located { bytes, index } => {
+                located(bytes, &index.containers[i].0, lean_sync::decode_container)
             }
         }
     }
+}
+
+/// An object located by lean_sync, which decoded each one once: it
+/// decodes again.
+fn located<'a, T: Clone>(
+    bytes: &[u8],
+    at: &Range<usize>,
+    decode: fn(&[u8]) -> protobuf::Result<T>,
+) -> Option<Cow<'a, T>> {
+    let decoded = decode(bytes.get(at.clone())?);
+    decoded
+        .map_err(|e| warn!(error = %e, "a located object did not decode; skipped"))
+        .ok()
+        .map(Cow::Owned)
 }
 
 #[async_trait]
@@ -86,19 +119,14 @@ impl lean_sync::SynchronizeEncoded for QosPlugin {
             let indexed = lean_sync::index_synchronize(&payload).map_err(invalid)?;
             let objects = indexed.pods.len() + indexed.containers.len();
             let timeout = handlers::request_timeout(ctx);
-            let whole = lock(&self.sync).take_whole(
-                objects,
-                payload.len(),
-                more,
-                timeout,
-                Instant::now(),
-            );
+            let whole =
+                lock(&self.sync).take_whole(objects, payload.len(), more, timeout, Instant::now());
             if let Some(answer_by) = whole {
-                let containers = SyncContainers::Located {
+                let source = SyncSource::Located {
                     bytes: payload,
-                    at: indexed.containers,
+                    index: indexed,
                 };
-                let update = self.sync_pods(&indexed.pods, containers, 0, answer_by);
+                let update = self.sync_pods(source, 0, answer_by);
                 self.synchronized.send_replace(true);
                 return Ok(api::SynchronizeResponse {
                     update,
@@ -120,8 +148,7 @@ impl QosPlugin {
             dropped,
             answer_by,
         } = whole;
-        let containers = SyncContainers::Decoded(snapshot.containers);
-        self.sync_pods(&snapshot.pods, containers, dropped, answer_by)
+        self.sync_pods(SyncSource::Decoded(snapshot), dropped, answer_by)
     }
 
     /// Rebuilds the registry from a whole Synchronize and returns the
@@ -130,8 +157,7 @@ impl QosPlugin {
     /// kept).
     fn sync_pods(
         &self,
-        all_pods: &[api::PodSandbox],
-        containers: SyncContainers,
+        source: SyncSource,
         dropped: usize,
         answer_by: Option<Instant>,
     ) -> Vec<api::ContainerUpdate> {
@@ -149,42 +175,46 @@ impl QosPlugin {
         let adjust = self.settings.adjust_existing && !live.dry_run;
         // Of two pods with one id, the later one describes it (as a map
         // keeps it); with it, the indices of its containers.
-        let mut pods: HashMap<&str, (&api::PodSandbox, Vec<usize>)> =
-            HashMap::with_capacity(all_pods.len());
-        for p in all_pods {
-            pods.insert(p.id.as_str(), (p, Vec::new()));
+        let mut pods: HashMap<&str, (usize, Vec<usize>)> = HashMap::with_capacity(source.pods());
+        for p in 0..source.pods() {
+            pods.insert(source.pod_id(p), (p, Vec::new()));
         }
-        for i in 0..containers.len() {
-            let pod_id = containers.pod_id(i, all_pods);
+        for i in 0..source.containers() {
+            let pod_id = source.container_pod_id(i);
             match pod_id.and_then(|id| pods.get_mut(id)) {
                 Some((_, members)) => members.push(i),
                 None => {
-                    let c = containers.get(i);
+                    let c = source.container(i);
                     let id = c.as_ref().map_or("", |c| c.id.as_str());
                     debug!(container = %id, "synchronized container without a known pod; skipped")
                 }
             }
         }
-        let mut new_pods: HashMap<String, PodRecord> = HashMap::with_capacity(all_pods.len());
+        let mut new_pods: HashMap<String, PodRecord> = HashMap::with_capacity(source.pods());
         let mut new_containers: HashMap<String, ContainerRecord> =
-            HashMap::with_capacity(containers.len());
+            HashMap::with_capacity(source.containers());
         let mut updates = EncodedUpdates::default();
         let mut skipped = 0usize;
-        for first in all_pods {
+        for first in 0..source.pods() {
             // The first description of an id takes the pod's turn; the
             // later ones find it gone.
-            let Some((pod, members)) = pods.remove(first.id.as_str()) else {
+            let first_id = source.pod_id(first);
+            let Some((later, members)) = pods.remove(first_id) else {
                 continue;
             };
+            let Some(pod) = source.pod(later) else {
+                continue;
+            };
+            let pod = &*pod;
             let mut pod_facts = convert::pod_from_wire(pod);
             // Answer in time with what we have rather than be dropped for
             // being late; the rest is learnt from later events.
             if skipped > 0 || answer_by.is_some_and(|t| Instant::now() > t) {
                 skipped += members.len();
-                new_pods.insert(first.id.clone(), pod_record(&first.id, &pod_facts));
+                new_pods.insert(first_id.into(), pod_record(first_id, &pod_facts));
                 continue;
             }
-            let get = |&i: &usize| containers.get(i).map(|c| (i, c));
+            let get = |&i: &usize| source.container(i).map(|c| (i, c));
             let members: Vec<_> = members.iter().filter_map(get).collect();
             let kernel: Vec<Option<api::LinuxResources>> = if forgets_resizes {
                 let limits = |(_, c): &(usize, Cow<api::Container>)| self.resources_from_kernel(c);
@@ -240,23 +270,22 @@ impl QosPlugin {
             }
             // A pod id sent twice keeps its first description unless one
             // of its containers was recorded with the later one.
-            let record = if recorded || std::ptr::eq(pod, first) {
-                pod_record(&pod.id, &pod_facts)
-            } else {
-                pod_record(&first.id, &convert::pod_from_wire(first))
+            let first_sent = (!recorded && later != first)
+                .then(|| source.pod(first))
+                .flatten();
+            let record = match first_sent {
+                Some(first) => pod_record(first_id, &convert::pod_from_wire(&first)),
+                None => pod_record(&pod.id, &pod_facts),
             };
-            new_pods.insert(first.id.clone(), record);
+            new_pods.insert(first_id.into(), record);
         }
         // The request's containers are freed only now, all at once, and
         // before the updates are decoded into the space they leave: records
         // built into the holes of containers freed one by one lay scattered
         // over the whole request, and their pages stayed resident after it
         // was answered (RssAnon after a node-sized sync 4.6 -> 2.3 MiB).
-        let containers = {
-            let count = containers.len();
-            drop(containers);
-            count
-        };
+        let (pods, containers) = (source.pods(), source.containers());
+        drop(source);
         let updates = updates.in_order_sent();
         {
             let mut reg = lock(&self.registry);
@@ -268,7 +297,7 @@ impl QosPlugin {
         counters.synchronized += containers as u64;
         counters.updated += updates.len() as u64;
         info!(
-            pods = all_pods.len(),
+            pods,
             containers,
             updates = updates.len(),
             "synchronized with the runtime"
