@@ -32,19 +32,29 @@ use super::proto::api_ttrpc::{self, Plugin};
 
 const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
 
-/// A plugin that may take a Synchronize message still encoded. By default
-/// it is decoded by [`decode_synchronize`] and its bytes freed first.
+/// A plugin that may take a Synchronize message still encoded and answer
+/// it encoded. By default it is decoded by [`decode_synchronize`] (its
+/// bytes freed first) and the answer encoded by the generated encoder.
 #[async_trait]
 pub trait SynchronizeEncoded: Plugin {
     async fn synchronize_encoded(
         &self,
         ctx: &TtrpcContext,
         payload: Vec<u8>,
-    ) -> ttrpc::Result<api::SynchronizeResponse> {
+    ) -> ttrpc::Result<Vec<u8>> {
         let req = decode_synchronize(&payload).map_err(invalid_request)?;
         drop(payload);
-        self.synchronize(ctx, req).await
+        let answer = self.synchronize(ctx, req).await?;
+        answer.write_to_bytes().map_err(not_encodable)
     }
+}
+
+/// The status an answer that cannot be encoded is replaced with.
+pub fn not_encodable(e: protobuf::Error) -> ttrpc::Error {
+    ttrpc::Error::RpcStatus(ttrpc::get_status(
+        ttrpc::Code::INTERNAL,
+        format!("cannot encode the SynchronizeResponse: {e}"),
+    ))
 }
 
 /// The status a Synchronize that does not decode is answered with.
@@ -79,13 +89,7 @@ impl MethodHandler for LeanSynchronize {
         ctx: TtrpcContext,
         req: ttrpc::Request,
     ) -> ttrpc::Result<ttrpc::Response> {
-        let answer = self.service.synchronize_encoded(&ctx, req.payload).await?;
-        let payload = answer.write_to_bytes().map_err(|e| {
-            ttrpc::Error::RpcStatus(ttrpc::get_status(
-                ttrpc::Code::INTERNAL,
-                format!("cannot encode the SynchronizeResponse: {e}"),
-            ))
-        })?;
+        let payload = self.service.synchronize_encoded(&ctx, req.payload).await?;
         Ok(ttrpc::Response {
             status: protobuf::MessageField::some(ttrpc::get_status(ttrpc::Code::OK, "")),
             payload,

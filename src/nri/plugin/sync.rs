@@ -112,7 +112,7 @@ impl lean_sync::SynchronizeEncoded for QosPlugin {
         &self,
         ctx: &TtrpcContext,
         payload: Vec<u8>,
-    ) -> ttrpc::Result<api::SynchronizeResponse> {
+    ) -> ttrpc::Result<Vec<u8>> {
         let invalid = lean_sync::invalid_request;
         let more = lean_sync::says_more(&payload).map_err(invalid)?;
         if !more && lock(&self.sync).is_fresh() {
@@ -126,17 +126,15 @@ impl lean_sync::SynchronizeEncoded for QosPlugin {
                     bytes: payload,
                     index: indexed,
                 };
-                let update = self.sync_pods(source, 0, answer_by);
+                let answer = self.sync_pods(source, 0, answer_by).into_response();
                 self.synchronized.send_replace(true);
-                return Ok(api::SynchronizeResponse {
-                    update,
-                    ..Default::default()
-                });
+                return answer.map_err(lean_sync::not_encodable);
             }
         }
         let req = lean_sync::decode_synchronize(&payload).map_err(invalid)?;
         drop(payload);
-        self.synchronize(ctx, req).await
+        let answer = self.synchronize(ctx, req).await?;
+        answer.write_to_bytes().map_err(lean_sync::not_encodable)
     }
 }
 
@@ -148,11 +146,12 @@ impl QosPlugin {
             dropped,
             answer_by,
         } = whole;
-        self.sync_pods(SyncSource::Decoded(snapshot), dropped, answer_by)
+        let updates = self.sync_pods(SyncSource::Decoded(snapshot), dropped, answer_by);
+        updates.in_order_sent()
     }
 
     /// Rebuilds the registry from a whole Synchronize and returns the
-    /// updates for containers that already run, in the order sent. The new
+    /// updates for containers that already run, encoded. The new
     /// records replace the old ones in one step at the end (the owners are
     /// kept).
     fn sync_pods(
@@ -160,7 +159,7 @@ impl QosPlugin {
         source: SyncSource,
         dropped: usize,
         answer_by: Option<Instant>,
-    ) -> Vec<api::ContainerUpdate> {
+    ) -> EncodedUpdates {
         // Only CRI-O describes a resized container with its creation-time
         // resources after a restart; elsewhere the report is current and
         // two file reads per container would only slow the sync.
@@ -286,7 +285,6 @@ impl QosPlugin {
         // was answered (RssAnon after a node-sized sync 4.6 -> 2.3 MiB).
         let (pods, containers) = (source.pods(), source.containers());
         drop(source);
-        let updates = updates.in_order_sent();
         {
             let mut reg = lock(&self.registry);
             reg.pods = new_pods;
@@ -295,11 +293,11 @@ impl QosPlugin {
         self.notify_changed();
         let mut counters = lock(&self.counters);
         counters.synchronized += containers as u64;
-        counters.updated += updates.len() as u64;
+        counters.updated += updates.spans.len() as u64;
         info!(
             pods,
             containers,
-            updates = updates.len(),
+            updates = updates.spans.len(),
             "synchronized with the runtime"
         );
         if dropped + skipped > 0 {
@@ -409,6 +407,22 @@ impl EncodedUpdates {
         }
     }
 
+    /// The SynchronizeResponse of these updates, as the generated encoder
+    /// writes it: each update as field 1 in the order its container was
+    /// sent (`more`, false, is not written). Decoded into messages first,
+    /// the updates were the peak of a Synchronize decided pod by pod.
+    fn into_response(mut self) -> protobuf::Result<Vec<u8>> {
+        self.spans.sort_unstable_by_key(|(i, _)| *i);
+        let mut answer = Vec::with_capacity(self.bytes.len() + 4 * self.spans.len());
+        let mut os = protobuf::CodedOutputStream::vec(&mut answer);
+        for (_, span) in &self.spans {
+            os.write_bytes(1, &self.bytes[span.clone()])?;
+        }
+        os.flush()?;
+        drop(os);
+        Ok(answer)
+    }
+
     /// The updates as messages, in the order their containers were sent.
     fn in_order_sent(mut self) -> Vec<api::ContainerUpdate> {
         self.spans.sort_unstable_by_key(|(i, _)| *i);
@@ -439,7 +453,24 @@ mod encoded_updates_tests {
         encoded.push(7, &c);
         encoded.push(0, &a);
         encoded.push(3, &b);
+        let answer = api::SynchronizeResponse {
+            update: vec![a.clone(), b.clone(), c.clone()],
+            ..Default::default()
+        };
+        let mut again = EncodedUpdates::default();
+        for (i, u) in [(2, &c), (0, &a), (1, &b)] {
+            again.push(i, u);
+        }
+        assert_eq!(
+            again.into_response().unwrap(),
+            answer.write_to_bytes().unwrap()
+        );
         assert_eq!(encoded.in_order_sent(), vec![a, b, c]);
+        let empty = EncodedUpdates::default().into_response().unwrap();
+        assert_eq!(
+            empty,
+            api::SynchronizeResponse::new().write_to_bytes().unwrap()
+        );
         assert!(EncodedUpdates::default().in_order_sent().is_empty());
     }
 }

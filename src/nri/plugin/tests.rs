@@ -605,7 +605,11 @@ async fn synchronized_encoded(
     for chunk in chunks {
         let bytes = protobuf::Message::write_to_bytes(&chunk).unwrap();
         let resp = p.synchronize_encoded(&TtrpcContext::default(), bytes).await;
-        let resp = resp.unwrap();
+        let raw = resp.unwrap();
+        let resp: api::SynchronizeResponse = protobuf::Message::parse_from_bytes(&raw).unwrap();
+        // Map entries come in any order; nothing but the updates is written.
+        let size = protobuf::Message::compute_size(&resp);
+        assert_eq!(raw.len() as u64, size);
         assert_eq!(resp.more, chunk.more);
         updates = resp.update;
     }
