@@ -288,6 +288,26 @@ mod tests {
     }
 
     #[test]
+    fn only_a_fresh_last_message_within_the_bounds_is_taken_whole() {
+        let t = Instant::now();
+        let mut r = SyncReassembler::new(1_000, 10);
+        assert!(r.take_whole(10, 1_000, false, None, t).is_some());
+        for (objects, bytes, more) in [(11, 1, false), (1, 1_001, false), (1, 1, true)] {
+            assert!(r.take_whole(objects, bytes, more, None, t).is_none());
+            assert!(r.is_fresh(), "nothing changed");
+        }
+        assert!(r.push(chunk(vec![ctr("a", 1)], true), None, t).is_none());
+        assert!(
+            r.take_whole(1, 1, false, None, t).is_none(),
+            "a chunk is held"
+        );
+        let done = r.push(chunk(vec![ctr("b", 1)], false), None, t).unwrap();
+        assert_eq!(done.snapshot.containers.len(), 2);
+        let answer_by = r.take_whole(1, 1, false, Some(Duration::from_secs(8)), t);
+        assert_eq!(answer_by, Some(Some(t + Duration::from_secs(7))));
+    }
+
+    #[test]
     fn objects_beyond_the_count_are_dropped() {
         let mut r = SyncReassembler::new(usize::MAX, 5);
         let t = Instant::now();
