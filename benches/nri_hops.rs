@@ -4,7 +4,8 @@
 //! 1. Each step of the plugin's path in-process (decode the ttrpc request,
 //!    decode the NRI request, the handler, encode the answer).
 //! 2. Round trips over a real unix socket from a plain blocking peer (no
-//!    ttrpc client, no async runtime: the peer adds as little as possible)
+//!    ttrpc client, no async runtime: the peer adds as little as possible;
+//!    `tests/common/lean_peer.rs`, the peer of `nri_roundtrip` too)
 //!    to the plugin binary (release), interleaved with the same peer against
 //!    a bare echo process, the two-process ping-pong floor. Ratios are
 //!    plugin / floor of the same run.
@@ -35,58 +36,14 @@ use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
+use common::lean_peer::{read_frame, LeanPeer};
 use common::{container, frame, pod, PluginProcess};
 use nri_qos::nri::proto::api;
 use nri_qos::nri::proto::api_ttrpc::Plugin;
 use protobuf::Message;
-use ttrpc::MessageHeader;
 
 const ROUNDS: usize = 6;
 const CALLS_PER_ROUND: usize = 2_000;
-
-/// Reads one mux frame; returns its conn.
-fn read_frame(s: &mut UnixStream, buf: &mut Vec<u8>) -> u32 {
-    let mut h = [0u8; 8];
-    s.read_exact(&mut h).expect("frame header");
-    let len = u32::from_be_bytes([h[4], h[5], h[6], h[7]]) as usize;
-    buf.resize(len, 0);
-    s.read_exact(buf).expect("frame payload");
-    u32::from_be_bytes([h[0], h[1], h[2], h[3]])
-}
-
-/// Reads frames until one whole ttrpc message arrived on `conn`; returns
-/// its header and body length.
-fn read_message(s: &mut UnixStream, conn: u32, msg: &mut Vec<u8>) -> MessageHeader {
-    let mut buf = Vec::new();
-    msg.clear();
-    loop {
-        if read_frame(s, &mut buf) != conn {
-            continue;
-        }
-        msg.extend_from_slice(&buf);
-        if msg.len() >= 10 {
-            let h = MessageHeader::from(&msg[..10]);
-            if msg.len() >= 10 + h.length as usize {
-                return h;
-            }
-        }
-    }
-}
-
-fn ttrpc_request(stream_id: u32, method: &str, payload: Vec<u8>) -> Vec<u8> {
-    let body = ttrpc::Request {
-        service: "nri.pkg.api.v1alpha1.Plugin".into(),
-        method: method.into(),
-        payload,
-        timeout_nano: 2_000_000_000,
-        ..Default::default()
-    }
-    .write_to_bytes()
-    .unwrap();
-    let mut m: Vec<u8> = MessageHeader::new_request(stream_id, body.len() as u32).into();
-    m.extend_from_slice(&body);
-    frame(1, &m)
-}
 
 fn create_request() -> api::CreateContainerRequest {
     api::CreateContainerRequest {
@@ -273,9 +230,9 @@ fn soak(calls: usize) {
     let listener = UnixListener::bind(&sock).unwrap();
     let plugin = PluginProcess::external(&sock, dir.path(), &["--log-level", "warn"]);
     let connect = || {
-        let (mut s, _) = listener.accept().unwrap();
-        register_by_hand(&mut s);
-        s
+        let mut peer = LeanPeer::accept(&listener);
+        peer.handshake();
+        peer
     };
     let mut ps = connect();
     let create = create_request().write_to_bytes().unwrap();
@@ -296,13 +253,9 @@ fn soak(calls: usize) {
             .unwrap()
         })
         .collect();
-    let mut msg = Vec::new();
-    let mut stream_id = 1u32;
-    let mut rpc = |s: &mut UnixStream, method: &str, payload: &[u8]| {
-        s.write_all(&ttrpc_request(stream_id, method, payload.to_vec()))
-            .unwrap();
-        stream_id = stream_id.wrapping_add(2);
-        read_message(s, 1, &mut msg);
+    let rpc = |peer: &mut LeanPeer, method: &str, payload: &[u8]| {
+        let frames = peer.request(method, payload);
+        peer.round_trip(&frames);
     };
     for chunk in &chunks {
         rpc(&mut ps, "Synchronize", chunk);
@@ -343,21 +296,6 @@ fn soak(calls: usize) {
     );
 }
 
-/// Answers the plugin's RegisterPlugin on conn 2.
-fn register_by_hand(s: &mut UnixStream) {
-    let mut msg = Vec::new();
-    let h = read_message(s, 2, &mut msg);
-    let reply = ttrpc::Response {
-        payload: api::Empty::new().write_to_bytes().unwrap(),
-        ..Default::default()
-    }
-    .write_to_bytes()
-    .unwrap();
-    let mut m: Vec<u8> = MessageHeader::new_response(h.stream_id, reply.len() as u32).into();
-    m.extend_from_slice(&reply);
-    s.write_all(&frame(2, &m)).unwrap();
-}
-
 fn main() {
     if let Ok(path) = std::env::var("NRI_HOPS_ECHO") {
         let reply = std::env::var("NRI_HOPS_REPLY")
@@ -383,19 +321,20 @@ fn main() {
     let sock = dir.path().join("nri.sock");
     let listener = UnixListener::bind(&sock).unwrap();
     let plugin = PluginProcess::external(&sock, dir.path(), &["--log-level", "warn"]);
-    let (mut ps, _) = listener.accept().unwrap();
-    register_by_hand(&mut ps);
+    let mut ps = LeanPeer::accept(&listener);
+    ps.handshake();
     let payload = create_request().write_to_bytes().unwrap();
-    let mut stream_id = 1u32;
-    let mut msg = Vec::new();
-    let mut call = |s: &mut UnixStream| {
-        let f = ttrpc_request(stream_id, "CreateContainer", payload.clone());
-        stream_id += 2;
+    let call = |peer: &mut LeanPeer| {
+        let f = peer.request("CreateContainer", &payload);
         let t = Instant::now();
-        s.write_all(&f).unwrap();
-        let h = read_message(s, 1, &mut msg);
+        let answer = peer.round_trip(&f).len();
         let took = t.elapsed();
-        (took, f.len(), 10 + h.length as usize)
+        // The answer's frame: mux and ttrpc headers around the Response.
+        let reply = ttrpc::Response {
+            payload: vec![0; answer],
+            ..Default::default()
+        };
+        (took, f.len(), 10 + reply.compute_size() as usize)
     };
     let mut reply_len = 0;
     for _ in 0..500 {
@@ -410,7 +349,7 @@ fn main() {
         .spawn()
         .expect("echo child");
     let (mut es, _) = echo_listener.accept().unwrap();
-    let req_frame = ttrpc_request(1, "CreateContainer", payload.clone());
+    let req_frame = ps.request("CreateContainer", &payload);
     let mut buf = Vec::new();
     let mut ping = |s: &mut UnixStream| {
         let t = Instant::now();

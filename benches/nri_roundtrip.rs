@@ -2,7 +2,7 @@
 //! side with a Go plugin on containerd/nri's own stub (`benches/go-stub`,
 //! built by `benches/go-stub/build.sh`) and a bare two-process unix-socket
 //! ping-pong as the floor, in interleaved rounds, all driven by the same
-//! runtime-side peer (`tests/common`) over real unix sockets.
+//! runtime-side peer over real unix sockets.
 //!
 //! Each round starts both plugins afresh, synchronizes 1,000 pods / 3,000
 //! containers into each the way containerd does (one message if it fits in
@@ -10,6 +10,21 @@
 //! carries at most 4 KiB, so Go's multiplexer accepts it), then makes 10,000
 //! CreateContainer calls to each in blocks of 1,000, alternating plugin and
 //! floor block by block so a noisy neighbour hits all three alike.
+//!
+//! The runtime-side peer (`tests/common/lean_peer.rs`) is as lean as the
+//! floor's: one thread, blocking reads and writes on a std `UnixStream`, no
+//! async runtime and no ttrpc client. It frames by hand what containerd
+//! sends (mux frames of at most 4 KiB payload, ttrpc messages on them),
+//! answers the plugin's RegisterPlugin (and UpdateContainers, or an
+//! unimplemented status for anything else) on conn 2 whenever it comes,
+//! and calls Configure, the Synchronize messages and the CreateContainer
+//! blocks on conn 1. A CreateContainer is timed from the write of its
+//! encoded frames to the read of the answer, as the floor times its
+//! message, so the ratio to the floor is what the plugin's path costs over
+//! the socket. (Until the sixth session of 2026-11-24 the peer was a tokio
+//! task with ttrpc-rust's async client over an in-memory mux, whose own
+//! wake-ups and task hops were in every plugin's round trip but not in the
+//! floor's: docs/benchmarks.md.)
 //! Everything is read from outside the plugin: latency at the peer, CPU from
 //! `/proc/<pid>/stat` (utime + stime, all threads), memory from
 //! `/proc/<pid>/status` (VmRSS split into RssAnon and RssFile, VmHWM),
@@ -49,15 +64,15 @@ mod common;
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream as StdUnixStream;
+use std::os::unix::net::{UnixListener, UnixStream as StdUnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::lean_peer::LeanPeer;
 use common::*;
-use nri_qos::nri::proto::{api, api_ttrpc};
+use nri_qos::nri::proto::api;
 use protobuf::Message;
-use tokio::net::UnixListener;
 
 const PODS: usize = 1000;
 const CONTAINERS: usize = 3000;
@@ -97,18 +112,9 @@ fn main() {
 
     let workload = Workload::new();
     let sync_msgs = containerd_sync_messages(&workload.pods, &workload.containers, sync_msg_max);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let empty_tree = std::env::var("NRI_BENCH_CGROUP_TREE").is_ok_and(|v| v == "empty");
     if !empty_tree {
-        rt.block_on(write_node_tree(
-            fake_cgroup.path(),
-            &workload,
-            &sync_msgs,
-            &nri_qos_bin,
-        ));
+        write_node_tree(fake_cgroup.path(), &workload, &sync_msgs, &nri_qos_bin);
     }
     assert_eq!(
         sync_msgs.iter().map(|m| m.pods.len()).sum::<usize>(),
@@ -155,36 +161,35 @@ fn main() {
     for round in 0..rounds {
         let dir = tempfile::tempdir().unwrap();
         let mut plugins = Vec::new();
-        rt.block_on(async {
-            if hook_time {
-                enable_metrics_env();
+        if hook_time {
+            enable_metrics_env();
+        }
+        plugins.push(Plugin::start_nri_qos(&dir, &nri_qos_bin));
+        if let Ok(bin) = &go_stub {
+            plugins.push(Plugin::start_go_stub(&dir, bin));
+        }
+        // Synchronize in alternating order across rounds.
+        for i in 0..plugins.len() {
+            let idx = (i + round) % plugins.len();
+            plugins[idx].synchronize(&sync_msgs);
+        }
+        for p in &mut plugins {
+            for i in 0..WARMUP {
+                p.create(&workload.creates_encoded, i);
             }
-            plugins.push(Plugin::start_nri_qos(&dir, &nri_qos_bin).await);
-            if let Ok(bin) = &go_stub {
-                plugins.push(Plugin::start_go_stub(&dir, bin).await);
-            }
-            // Synchronize in alternating order across rounds.
-            for i in 0..plugins.len() {
-                let idx = (i + round) % plugins.len();
-                plugins[idx].synchronize(&sync_msgs).await;
-            }
-            for p in &mut plugins {
-                for r in workload.creates.iter().cycle().take(WARMUP) {
-                    p.create(r).await;
+            if round == 0 {
+                // Show that both answer with an adjustment of the same shape.
+                for i in 0..3 {
+                    let resp: api::CreateContainerResponse =
+                        p.peer.call_message("CreateContainer", &workload.creates[i]);
+                    println!(
+                        "{} adjusts: {}",
+                        p.name,
+                        protobuf::text_format::print_to_string(resp.adjust.get_or_default())
+                    );
                 }
-                if round == 0 {
-                    // Show that both answer with an adjustment of the same shape.
-                    for i in 0..3 {
-                        let resp = p.create(&workload.creates[i]).await;
-                        println!(
-                            "{} adjusts: {}",
-                            p.name,
-                            protobuf::text_format::print_to_string(resp.adjust.get_or_default())
-                        );
-                    }
-                }
             }
-        });
+        }
         floor.warm_up(workload.floor_msg.len());
 
         let mut floor_lat = Vec::with_capacity(CREATES);
@@ -197,7 +202,7 @@ fn main() {
                     floor.block(&workload.floor_msg, BLOCK, &mut floor_lat);
                 } else {
                     let p = &mut plugins[subject];
-                    rt.block_on(p.block(&workload.creates, block * BLOCK, BLOCK));
+                    p.block(&workload.creates_encoded, block * BLOCK, BLOCK);
                 }
             }
         }
@@ -255,7 +260,7 @@ fn go_stub_binary() -> Result<PathBuf, String> {
 /// values it answers a first Synchronize with (on an empty tree), the
 /// kernel's defaults elsewhere, memory.max the container's limit, and no
 /// protection on the pod cgroups (the hierarchy keeper is off).
-async fn write_node_tree(
+fn write_node_tree(
     root: &Path,
     workload: &Workload,
     sync_msgs: &[api::SynchronizeRequest],
@@ -265,11 +270,11 @@ async fn write_node_tree(
     let sock = dir.path().join("nri-qos.sock");
     let listener = UnixListener::bind(&sock).unwrap();
     let process = PluginProcess::external(&sock, dir.path(), &["--log-level", "warn"]);
-    let plugin = Plugin::connect("nri-qos", bin, process, listener).await;
+    let mut plugin = Plugin::connect("nri-qos", bin, process, listener);
     let mut written: std::collections::HashMap<String, std::collections::HashMap<String, String>> =
         Default::default();
     for m in sync_msgs {
-        let resp = plugin.session.plugin.synchronize(ctx(), m).await.unwrap();
+        let resp: api::SynchronizeResponse = plugin.peer.call_message("Synchronize", m);
         for u in resp.update {
             let unified = u
                 .linux
@@ -316,12 +321,14 @@ async fn write_node_tree(
 }
 
 /// What the peer sends: the synchronized pods and containers, and the
-/// CreateContainer requests cycled through.
+/// CreateContainer requests cycled through (encoded once, as the floor's
+/// message is built once).
 struct Workload {
     pods: Vec<api::PodSandbox>,
     containers: Vec<api::Container>,
     sync_bytes: usize,
     creates: Vec<api::CreateContainerRequest>,
+    creates_encoded: Vec<Vec<u8>>,
     /// A CreateContainer request as it goes over the trunk (mux + ttrpc
     /// headers), the floor's message.
     floor_msg: Vec<u8>,
@@ -380,7 +387,12 @@ impl Workload {
             })
             .collect();
         let floor_msg = vec![0x5a; 8 + 10 + creates[0].compute_size() as usize];
+        let creates_encoded = creates
+            .iter()
+            .map(|r| r.write_to_bytes().unwrap())
+            .collect();
         Workload {
+            creates_encoded,
             sync_bytes: whole.compute_size() as usize,
             pods,
             containers,
@@ -533,7 +545,7 @@ struct Plugin {
     name: &'static str,
     binary: PathBuf,
     process: PluginProcess,
-    session: PeerSession,
+    peer: LeanPeer,
     _listener: UnixListener,
     rss_idle_kib: u64,
     sync_time: Duration,
@@ -555,14 +567,14 @@ fn save_smaps(name: &str, pid: u32, when: &str) {
 }
 
 impl Plugin {
-    async fn start_nri_qos(dir: &tempfile::TempDir, bin: &Path) -> Self {
+    fn start_nri_qos(dir: &tempfile::TempDir, bin: &Path) -> Self {
         let sock = dir.path().join("nri-qos.sock");
         let listener = UnixListener::bind(&sock).unwrap();
         let process = PluginProcess::external(&sock, dir.path(), &["--log-level", "warn"]);
-        Self::connect("nri-qos", bin, process, listener).await
+        Self::connect("nri-qos", bin, process, listener)
     }
 
-    async fn start_go_stub(dir: &tempfile::TempDir, bin: &Path) -> Self {
+    fn start_go_stub(dir: &tempfile::TempDir, bin: &Path) -> Self {
         let sock = dir.path().join("go-stub.sock");
         let listener = UnixListener::bind(&sock).unwrap();
         let process = PluginProcess::spawn(
@@ -570,25 +582,24 @@ impl Plugin {
             &["-socket".as_ref(), sock.as_os_str()],
             &dir.path().join("go-stub.log"),
         );
-        Self::connect("Go stub", bin, process, listener).await
+        Self::connect("Go stub", bin, process, listener)
     }
 
-    async fn connect(
+    fn connect(
         name: &'static str,
         binary: &Path,
         process: PluginProcess,
         listener: UnixListener,
     ) -> Self {
-        // Frames from the peer carry at most 4 KiB (not one frame per write).
-        let mut session = accept(&listener, false).await;
-        session.handshake(true).await;
+        let mut peer = LeanPeer::accept(&listener);
+        peer.handshake();
         let rss_idle_kib = process.rss_kib();
         save_smaps(name, process.child.id(), "idle");
         Plugin {
             name,
             binary: binary.to_path_buf(),
             process,
-            session,
+            peer,
             _listener: listener,
             rss_idle_kib,
             sync_time: Duration::ZERO,
@@ -598,14 +609,10 @@ impl Plugin {
         }
     }
 
-    async fn synchronize(&mut self, msgs: &[api::SynchronizeRequest]) {
-        let client: &api_ttrpc::PluginClient = &self.session.plugin;
+    fn synchronize(&mut self, msgs: &[api::SynchronizeRequest]) {
         let t = Instant::now();
         for m in msgs {
-            let resp = client
-                .synchronize(ctx(), m)
-                .await
-                .unwrap_or_else(|e| panic!("{} Synchronize: {e}", self.name));
+            let resp: api::SynchronizeResponse = self.peer.call_message("Synchronize", m);
             assert_eq!(resp.more, m.more, "{}: split sync not handled", self.name);
             std::hint::black_box(resp);
         }
@@ -614,22 +621,26 @@ impl Plugin {
         save_smaps(self.name, self.process.child.id(), "synced");
     }
 
-    async fn create(&self, req: &api::CreateContainerRequest) -> api::CreateContainerResponse {
-        self.session
-            .plugin
-            .create_container(ctx(), req)
-            .await
-            .unwrap_or_else(|e| panic!("{} CreateContainer: {e}", self.name))
+    /// One CreateContainer of the encoded requests (the `i`th, cycled);
+    /// returns the round trip: from writing the request's frames, built
+    /// before, to the answer read, as the floor times its message.
+    fn create(&mut self, encoded: &[Vec<u8>], i: usize) -> Duration {
+        let frames = self
+            .peer
+            .request("CreateContainer", &encoded[i % encoded.len()]);
+        let t = Instant::now();
+        let answer = self.peer.round_trip(&frames);
+        let took = t.elapsed();
+        std::hint::black_box(answer);
+        took
     }
 
-    async fn block(&mut self, reqs: &[api::CreateContainerRequest], first: usize, n: usize) {
+    fn block(&mut self, encoded: &[Vec<u8>], first: usize, n: usize) {
         let pid = self.process.child.id();
         let cpu = cpu_ticks(pid);
         for i in first..first + n {
-            let t = Instant::now();
-            let resp = self.create(&reqs[i % reqs.len()]).await;
-            self.latencies.push(t.elapsed());
-            std::hint::black_box(resp);
+            let took = self.create(encoded, i);
+            self.latencies.push(took);
         }
         self.cpu_ticks += cpu_ticks(pid) - cpu;
     }

@@ -676,3 +676,123 @@ async fn an_external_plugin_configured_but_never_synchronized_says_why() {
         .unwrap();
     assert!(r.update.is_empty());
 }
+
+/// The benches' blocking peer (`common::lean_peer`) drives the binary the
+/// way containerd does: registration served on conn 2, Configure, a
+/// Synchronize in `more` chunks of 4 KiB frames, then CreateContainer.
+#[test]
+fn the_benches_blocking_peer_drives_the_plugin() {
+    use common::lean_peer::LeanPeer;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = socket_in(&dir);
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let _plugin = PluginProcess::external(&sock, dir.path(), &["--log-level", "warn"]);
+    let mut peer = LeanPeer::accept(&listener);
+    let _: api::ConfigureResponse = peer.handshake();
+    assert_eq!(peer.registered.len(), 1, "one RegisterPlugin");
+    let pods: Vec<_> = (0..20)
+        .map(|i| pod(&format!("p{i}"), &format!("/kubepods/burstable/podp{i}")))
+        .collect();
+    let ctrs: Vec<_> = (0..200)
+        .map(|i| {
+            let id = format!("c{i}");
+            container(&id, &format!("p{}", i % 20), 512, 0, 1 << 30, 900)
+        })
+        .collect();
+    for (k, part) in ctrs.chunks(100).enumerate() {
+        let req = api::SynchronizeRequest {
+            pods: if k == 0 { pods.clone() } else { Vec::new() },
+            containers: part.to_vec(),
+            more: k == 0,
+            ..Default::default()
+        };
+        let resp: api::SynchronizeResponse = peer.call_message("Synchronize", &req);
+        assert_eq!(resp.more, req.more);
+    }
+    let req = api::CreateContainerRequest {
+        pod: protobuf::MessageField::some(pods[1].clone()),
+        container: protobuf::MessageField::some(container("new", "p1", 512, 0, 1 << 30, 900)),
+        ..Default::default()
+    };
+    let resp: api::CreateContainerResponse = peer.call_message("CreateContainer", &req);
+    assert!(
+        resp.adjust.is_some(),
+        "an adjustment for a burstable container"
+    );
+}
+
+/// The benches' blocking peer answers the plugin's calls on conn 2 that
+/// arrive while it waits for an answer on conn 1, even between the frames
+/// of that answer: UpdateContainers succeeds, an unknown method gets an
+/// error status.
+#[test]
+fn the_benches_blocking_peer_serves_conn_2_between_a_call_and_its_answer() {
+    use common::lean_peer::{
+        frames, read_frame, request_message, response_message, LeanPeer, PLUGIN_CONN, RUNTIME_CONN,
+    };
+    use protobuf::Message;
+    use std::io::Write;
+    use ttrpc::MessageHeader;
+    fn call(id: u32, method: &str, payload: Vec<u8>) -> Vec<u8> {
+        let req = ttrpc::Request {
+            service: "nri.pkg.api.v1alpha1.Runtime".into(),
+            method: method.into(),
+            payload,
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        frames(RUNTIME_CONN, &request_message(id, &req), &mut out);
+        out
+    }
+    let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let plugin = std::thread::spawn(move || {
+        let register = api::RegisterPluginRequest {
+            plugin_name: "fake".into(),
+            plugin_idx: "10".into(),
+            ..Default::default()
+        };
+        theirs
+            .write_all(&call(
+                1,
+                "RegisterPlugin",
+                register.write_to_bytes().unwrap(),
+            ))
+            .unwrap();
+        let mut buf = Vec::new();
+        let mut conns = Vec::new();
+        // The RegisterPlugin answer and the Configure call, in either order.
+        while !conns.contains(&PLUGIN_CONN) {
+            conns.push(read_frame(&mut theirs, &mut buf));
+        }
+        let configure = MessageHeader::from(&buf[..10]);
+        let answer = ttrpc::Response {
+            payload: api::ConfigureResponse::new().write_to_bytes().unwrap(),
+            ..Default::default()
+        };
+        let answer = response_message(configure.stream_id, &answer);
+        let (head, tail) = answer.split_at(6);
+        let mut out = common::frame(PLUGIN_CONN, head);
+        out.extend(call(3, "UpdateContainers", Vec::new()));
+        out.extend(call(5, "NoSuchMethod", Vec::new()));
+        out.extend(common::frame(PLUGIN_CONN, tail));
+        theirs.write_all(&out).unwrap();
+        // The answers to UpdateContainers and NoSuchMethod.
+        let mut statuses = Vec::new();
+        while statuses.len() < 2 {
+            if read_frame(&mut theirs, &mut buf) == RUNTIME_CONN {
+                let h = MessageHeader::from(&buf[..10]);
+                let r = ttrpc::Response::parse_from_bytes(&buf[10..]).unwrap();
+                statuses.push((h.stream_id, r.status.code()));
+            }
+        }
+        statuses
+    });
+    let mut peer = LeanPeer::new(ours);
+    let _: api::ConfigureResponse = peer.handshake();
+    assert_eq!(peer.registered, [("fake".to_string(), "10".to_string())]);
+    assert_eq!(peer.updates, 1);
+    assert_eq!(
+        plugin.join().unwrap(),
+        [(3, ttrpc::Code::OK), (5, ttrpc::Code::UNIMPLEMENTED)]
+    );
+}

@@ -13,6 +13,8 @@
     clippy::cast_lossless
 )]
 
+pub mod lean_peer;
+
 use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -134,14 +136,7 @@ impl api_ttrpc::Runtime for FakeRuntime {
     ) -> ttrpc::Result<api::Empty> {
         if let Some(cell) = &self.configure_first {
             let client = cell.get().expect("plugin client set before registration");
-            let cfg = api::ConfigureRequest {
-                runtime_name: "containerd".into(),
-                runtime_version: "v2.1.9".into(),
-                request_timeout: 2000,
-                registration_timeout: 5000,
-                ..Default::default()
-            };
-            let resp = client.configure(ctx(), &cfg).await?;
+            let resp = client.configure(ctx(), &configure_request(true)).await?;
             let _ = self.configured_first.send(resp);
         }
         let _ = self.events.send(RuntimeEvent::Registered {
@@ -293,6 +288,18 @@ pub async fn attach_with(
     }
 }
 
+/// The Configure containerd sends: 2.x with its registration and request
+/// timeouts, 1.7 without.
+pub fn configure_request(with_timeouts: bool) -> api::ConfigureRequest {
+    api::ConfigureRequest {
+        runtime_name: "containerd".into(),
+        runtime_version: if with_timeouts { "v2.1.9" } else { "v1.7.24" }.into(),
+        registration_timeout: if with_timeouts { 5000 } else { 0 },
+        request_timeout: if with_timeouts { 2000 } else { 0 },
+        ..Default::default()
+    }
+}
+
 pub fn ctx() -> ttrpc::context::Context {
     ttrpc::context::with_timeout(2_000_000_000)
 }
@@ -308,13 +315,7 @@ impl PeerSession {
     /// Register -> Configure, the way containerd 2.x does it.
     pub async fn handshake(&mut self, with_timeouts: bool) -> api::ConfigureResponse {
         self.expect_registered().await;
-        let req = api::ConfigureRequest {
-            runtime_name: "containerd".into(),
-            runtime_version: if with_timeouts { "v2.1.9" } else { "v1.7.24" }.into(),
-            registration_timeout: if with_timeouts { 5000 } else { 0 },
-            request_timeout: if with_timeouts { 2000 } else { 0 },
-            ..Default::default()
-        };
+        let req = configure_request(with_timeouts);
         self.plugin.configure(ctx(), &req).await.expect("configure")
     }
 
