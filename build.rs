@@ -87,10 +87,14 @@ fn links_with_rust_lld() -> bool {
     };
     // "rustc 1.95.0 (59807616e 2026-04-14)"
     let version = String::from_utf8_lossy(&out.stdout);
-    let minor = version
+    let mut numbers = version
         .split_whitespace()
         .nth(1)
-        .and_then(|v| v.split('.').nth(1))
-        .and_then(|m| m.parse::<u32>().ok());
-    minor.is_some_and(|m| m >= 90)
+        .unwrap_or_default()
+        .split('.')
+        .map(|n| n.parse::<u32>().ok());
+    match (numbers.next().flatten(), numbers.next().flatten()) {
+        (Some(major), Some(minor)) => major > 1 || minor >= 90,
+        _ => false,
+    }
 }
