@@ -5,9 +5,12 @@
 #
 #   scripts/link-order.sh BINARY...
 #
-# Each BINARY (e.g. copies of `cargo build --release --bin nri-qos` and of
-# `cargo build --profile bench --bin nri-qos`: the two profiles mangle the
-# same functions with different hashes) runs under callgrind as the plugin of
+# Each BINARY (copies of `cargo build --release --bin nri-qos`, of
+# `cargo build --profile bench --bin nri-qos` and of the target/release/nri-qos
+# that `cargo bench --bench nri_roundtrip --no-run` leaves: the two profiles,
+# and a build whose dependencies' features are unified with the
+# dev-dependencies', mangle the same functions with different hashes) runs
+# under callgrind as the plugin of
 # one round of `cargo bench --bench nri_roundtrip` (start, Register,
 # Configure, a Synchronize of 1k pods / 3k containers, 10k CreateContainer,
 # the metrics endpoint scraped); every function callgrind saw executing in the
@@ -15,7 +18,7 @@
 # NRI_ROUNDTRIP_BENCH=<path>: an already built bench executable to drive.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,17p' "$0"; exit 2; }
 command -v valgrind >/dev/null || { echo "valgrind not found" >&2; exit 1; }
 
 # NRI_ROUNDTRIP_BENCH: an already built bench executable (else cargo builds it).
