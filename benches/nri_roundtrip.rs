@@ -26,7 +26,8 @@
 //! wake-ups and task hops were in every plugin's round trip but not in the
 //! floor's: docs/benchmarks.md.)
 //! Everything is read from outside the plugin: latency at the peer, CPU from
-//! `/proc/<pid>/stat` (utime + stime, all threads), memory from
+//! `/proc/<pid>/stat` (utime + stime, all threads; for the floor, its echo
+//! process's, the least a receiving end costs), memory from
 //! `/proc/<pid>/status` (VmRSS split into RssAnon and RssFile, VmHWM),
 //! threads, stripped binary size.
 //!
@@ -158,6 +159,7 @@ fn main() {
     let mut floor = Floor::spawn();
     let mut results: Vec<SubjectRounds> = Vec::new();
     let mut floor_rounds = Vec::new();
+    let mut floor_cpu = Vec::new();
     for round in 0..rounds {
         let dir = tempfile::tempdir().unwrap();
         let mut plugins = Vec::new();
@@ -193,19 +195,21 @@ fn main() {
         floor.warm_up(workload.floor_msg.len());
 
         let mut floor_lat = Vec::with_capacity(CREATES);
+        let mut floor_ticks = 0;
         for block in 0..CREATES / BLOCK {
             // Subjects 0..plugins.len() are plugins, the last is the floor.
             let n = plugins.len() + 1;
             for k in 0..n {
                 let subject = (k + block + round) % n;
                 if subject == plugins.len() {
-                    floor.block(&workload.floor_msg, BLOCK, &mut floor_lat);
+                    floor_ticks += floor.block(&workload.floor_msg, BLOCK, &mut floor_lat);
                 } else {
                     let p = &mut plugins[subject];
                     p.block(&workload.creates_encoded, block * BLOCK, BLOCK);
                 }
             }
         }
+        floor_cpu.push(cpu_ms_per_1000(floor_ticks, floor_lat.len()));
         floor_lat.sort();
         floor_rounds.push(Latency::of(&floor_lat));
 
@@ -223,12 +227,17 @@ fn main() {
             }
         }
         let f = floor_rounds.last().unwrap();
-        println!(" | floor p50 {:.1} us p99 {:.1} us", us(f.p50), us(f.p99));
+        println!(
+            " | floor p50 {:.1} us p99 {:.1} us echo cpu {:.1} ms/1k",
+            us(f.p50),
+            us(f.p99),
+            floor_cpu.last().unwrap()
+        );
         if hook_time && round + 1 == rounds {
             print_hook_time();
         }
     }
-    print_table(&results, &floor_rounds, go_stub.as_ref().err());
+    print_table(&results, &floor_rounds, &floor_cpu, go_stub.as_ref().err());
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -649,12 +658,9 @@ impl Plugin {
         assert!(self.process.is_running(), "{} exited", self.name);
         save_smaps(self.name, self.process.child.id(), "after");
         self.latencies.sort();
-        let ticks_per_s = clock_ticks_per_second();
         RoundResult {
             latency: Latency::of(&self.latencies),
-            cpu_ms_per_1000: self.cpu_ticks as f64 * 1000.0
-                / ticks_per_s
-                / (self.latencies.len() as f64 / 1000.0),
+            cpu_ms_per_1000: cpu_ms_per_1000(self.cpu_ticks, self.latencies.len()),
             rss_idle_kib: self.rss_idle_kib,
             rss_after_kib: self.process.rss_kib(),
             anon_after_kib: self.process.status_value("RssAnon"),
@@ -756,7 +762,12 @@ impl Stat {
     }
 }
 
-fn print_table(results: &[SubjectRounds], floor: &[Latency], go_missing: Option<&String>) {
+fn print_table(
+    results: &[SubjectRounds],
+    floor: &[Latency],
+    floor_cpu: &[f64],
+    go_missing: Option<&String>,
+) {
     let floor_p50 = Stat::of(floor.iter().map(|l| us(l.p50)).collect());
     let floor_p99 = Stat::of(floor.iter().map(|l| us(l.p99)).collect());
     let qos = results.iter().find(|s| s.name == "nri-qos").unwrap();
@@ -802,12 +813,17 @@ fn print_table(results: &[SubjectRounds], floor: &[Latency], go_missing: Option<
         cell(go, &|g| ratio(p99(g).min, p99(qos).min)),
         ratio(p99(qos).min, floor_p99.min),
     );
+    // The floor's column: the echo process's CPU per 1,000 messages, what
+    // the receiving end of a bare ping-pong costs (10 ms clock ticks).
     let cpu = |s: &SubjectRounds| s.stat(|r| r.cpu_ms_per_1000);
+    let floor_cpu = Stat::of(floor_cpu.to_vec());
     println!(
-        "| CPU per 1,000 creates | {} | {} | — | {} | — |",
+        "| CPU per 1,000 creates (floor: its echo process) | {} | {} | {} | {} | {} |",
         cpu(qos).show("ms"),
         cell(go, &|g| cpu(g).show("ms")),
+        floor_cpu.show("ms"),
         cell(go, &|g| ratio(cpu(g).median, cpu(qos).median)),
+        ratio(cpu(qos).median, floor_cpu.median),
     );
     mib_pair_row(
         &format!("RSS idle / after sync + {}k creates", CREATES / 1000),
@@ -897,6 +913,10 @@ fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
 
+fn cpu_ms_per_1000(ticks: u64, calls: usize) -> f64 {
+    ticks as f64 * 1000.0 / clock_ticks_per_second() / (calls as f64 / 1000.0)
+}
+
 /// utime + stime of the whole process, in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -978,12 +998,15 @@ impl Floor {
         }
     }
 
-    fn block(&mut self, msg: &[u8], n: usize, lat: &mut Vec<Duration>) {
+    /// Returns the echo process's CPU clock ticks over the block.
+    fn block(&mut self, msg: &[u8], n: usize, lat: &mut Vec<Duration>) -> u64 {
+        let cpu = cpu_ticks(self.child.id());
         for _ in 0..n {
             let t = Instant::now();
             self.ping(msg);
             lat.push(t.elapsed());
         }
+        cpu_ticks(self.child.id()) - cpu
     }
 }
 
