@@ -550,11 +550,16 @@ async fn synchronized(
         let resp = p.synchronize(&TtrpcContext::default(), chunk).await;
         updates = resp.unwrap().update;
     }
+    (updates, registry_records(p))
+}
+
+/// Every record of the registry, sorted.
+fn registry_records(p: &QosPlugin) -> Vec<String> {
     let reg = lock(&p.registry);
     let mut records: Vec<String> = reg.pods.values().map(|r| format!("{r:?}")).collect();
     records.extend(reg.containers.values().map(|r| format!("{r:?}")));
     records.sort();
-    (updates, records)
+    records
 }
 
 #[tokio::test]
@@ -613,11 +618,7 @@ async fn synchronized_encoded(
         assert_eq!(resp.more, chunk.more);
         updates = resp.update;
     }
-    let reg = lock(&p.registry);
-    let mut records: Vec<String> = reg.pods.values().map(|r| format!("{r:?}")).collect();
-    records.extend(reg.containers.values().map(|r| format!("{r:?}")));
-    records.sort();
-    (updates, records)
+    (updates, registry_records(p))
 }
 
 #[tokio::test]
