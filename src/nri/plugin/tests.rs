@@ -553,6 +553,20 @@ async fn synchronized(
     (updates, registry_records(p))
 }
 
+/// One Synchronize message of these pods and containers.
+fn sync_message(
+    pods: &[api::PodSandbox],
+    containers: &[api::Container],
+    more: bool,
+) -> api::SynchronizeRequest {
+    api::SynchronizeRequest {
+        pods: pods.to_vec(),
+        containers: containers.to_vec(),
+        more,
+        ..Default::default()
+    }
+}
+
 /// Every record of the registry, sorted.
 fn registry_records(p: &QosPlugin) -> Vec<String> {
     let reg = lock(&p.registry);
@@ -573,18 +587,11 @@ async fn a_chunked_synchronize_gives_the_registry_and_updates_of_one_message() {
             in_cgroup(hidden_container(id, &id[..1]), &path)
         })
         .collect();
-    let msg =
-        |pods: &[api::PodSandbox], containers: &[api::Container], more| api::SynchronizeRequest {
-            pods: pods.to_vec(),
-            containers: containers.to_vec(),
-            more,
-            ..Default::default()
-        };
-    let whole = vec![msg(&pods, &containers, false)];
+    let whole = vec![sync_message(&pods, &containers, false)];
     let chunked = vec![
-        msg(&pods[..1], &containers[..1], true),
-        msg(&pods[1..], &containers[1..3], true),
-        msg(&[], &containers[3..], false),
+        sync_message(&pods[..1], &containers[..1], true),
+        sync_message(&pods[1..], &containers[1..3], true),
+        sync_message(&[], &containers[3..], false),
     ];
     let (updates, records) = synchronized(&plugin(dir.path()), whole).await;
     let ids: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
@@ -638,14 +645,7 @@ async fn a_synchronize_decided_pod_by_pod_from_its_bytes_gives_what_the_decoded_
         .collect();
     containers.insert(2, hidden_container("x", "unknown"));
     let pods = vec![a, b, c, a_later];
-    let msg =
-        |pods: &[api::PodSandbox], containers: &[api::Container], more| api::SynchronizeRequest {
-            pods: pods.to_vec(),
-            containers: containers.to_vec(),
-            more,
-            ..Default::default()
-        };
-    let whole = vec![msg(&pods, &containers, false)];
+    let whole = vec![sync_message(&pods, &containers, false)];
     let decoded = synchronized(&plugin(dir.path()), whole.clone()).await;
     let ids: Vec<&str> = decoded.0.iter().map(|u| u.container_id.as_str()).collect();
     assert_eq!(ids, ["b1", "a1", "c1", "a2", "b2"]);
@@ -655,9 +655,9 @@ async fn a_synchronize_decided_pod_by_pod_from_its_bytes_gives_what_the_decoded_
         decoded
     );
     let chunked = vec![
-        msg(&pods[..1], &containers[..2], true),
-        msg(&pods[1..], &containers[2..4], true),
-        msg(&[], &containers[4..], false),
+        sync_message(&pods[..1], &containers[..2], true),
+        sync_message(&pods[1..], &containers[2..4], true),
+        sync_message(&[], &containers[4..], false),
     ];
     assert_eq!(
         synchronized_encoded(&plugin(dir.path()), chunked).await,
@@ -671,6 +671,6 @@ async fn a_synchronize_decided_pod_by_pod_from_its_bytes_gives_what_the_decoded_
         Err(ttrpc::Error::RpcStatus(s)) => assert_eq!(s.code(), ttrpc::Code::INVALID_ARGUMENT),
         other => panic!("{other:?}"),
     }
-    let whole = vec![msg(&pods, &containers, false)];
+    let whole = vec![sync_message(&pods, &containers, false)];
     assert_eq!(synchronized_encoded(&p, whole).await, decoded);
 }
