@@ -21,6 +21,9 @@ struct SnapshotPlugin {
     done: Mutex<Option<oneshot::Sender<Snapshot>>>,
 }
 
+/// The audit keeps the reassembled snapshot: it decodes every chunk.
+impl crate::nri::lean_sync::SynchronizeEncoded for SnapshotPlugin {}
+
 #[async_trait]
 impl api_ttrpc::Plugin for SnapshotPlugin {
     async fn configure(

@@ -141,6 +141,39 @@ impl SyncReassembler {
         self.finish(more, deadline, span)
     }
 
+    /// Whether nothing of a Synchronize is held yet, so that a message
+    /// may be taken whole by [`Self::take_whole`].
+    pub fn is_fresh(&self) -> bool {
+        self.deadline.is_none()
+    }
+
+    /// Takes a fresh Synchronize sent as one message (`more` false) of
+    /// `objects` pods and containers in `bytes` encoded bytes (at least
+    /// what [`Self::push`] counts of them) that [`Self::push`] would keep
+    /// whole: returns until when its answer is in time. `None` (and
+    /// nothing changed) for any other message, which goes to
+    /// [`Self::push`].
+    pub fn take_whole(
+        &mut self,
+        objects: usize,
+        bytes: usize,
+        more: bool,
+        timeout: Option<Duration>,
+        now: Instant,
+    ) -> Option<Option<Instant>> {
+        if !self.is_fresh() || more {
+            return None;
+        }
+        let span = timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT);
+        let deadline = now + span;
+        let accept_until = deadline.checked_sub(span / 4).unwrap_or(deadline);
+        let late = now > accept_until;
+        if late || objects > self.budget_objects || bytes > self.budget_bytes {
+            return None;
+        }
+        Some(deadline.checked_sub(span / 8))
+    }
+
     /// The whole Synchronize once its last chunk is in.
     fn finish(&mut self, more: bool, deadline: Instant, span: Duration) -> Option<Complete> {
         if more {
@@ -252,6 +285,26 @@ mod tests {
             "3 big ones and the small one fit"
         );
         assert_eq!(done.dropped, 7);
+    }
+
+    #[test]
+    fn only_a_fresh_last_message_within_the_bounds_is_taken_whole() {
+        let t = Instant::now();
+        let mut r = SyncReassembler::new(1_000, 10);
+        assert!(r.take_whole(10, 1_000, false, None, t).is_some());
+        for (objects, bytes, more) in [(11, 1, false), (1, 1_001, false), (1, 1, true)] {
+            assert!(r.take_whole(objects, bytes, more, None, t).is_none());
+            assert!(r.is_fresh(), "nothing changed");
+        }
+        assert!(r.push(chunk(vec![ctr("a", 1)], true), None, t).is_none());
+        assert!(
+            r.take_whole(1, 1, false, None, t).is_none(),
+            "a chunk is held"
+        );
+        let done = r.push(chunk(vec![ctr("b", 1)], false), None, t).unwrap();
+        assert_eq!(done.snapshot.containers.len(), 2);
+        let answer_by = r.take_whole(1, 1, false, Some(Duration::from_secs(8)), t);
+        assert_eq!(answer_by, Some(Some(t + Duration::from_secs(7))));
     }
 
     #[test]

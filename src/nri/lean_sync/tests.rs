@@ -205,14 +205,20 @@ proptest! {
         let bytes = request(&ids, &map, n, state, more).write_to_bytes().unwrap();
         let full = api::SynchronizeRequest::parse_from_bytes(&bytes).unwrap();
         let lean = decode_synchronize(&bytes).unwrap();
-        prop_assert_eq!(lean, used_fields(&full));
+        prop_assert_eq!(&lean, &used_fields(&full));
+        prop_assert_eq!(indexed_then_decoded(&bytes).unwrap(), lean);
     }
 
     #[test]
     fn garbage_is_an_error_or_a_message_never_a_panic(
         bytes in prop::collection::vec(any::<u8>(), 0..200),
     ) {
-        let _ = decode_synchronize(&bytes);
+        let lean = decode_synchronize(&bytes);
+        let indexed = indexed_then_decoded(&bytes);
+        prop_assert_eq!(lean.is_ok(), indexed.is_ok());
+        if let (Ok(lean), Ok(indexed)) = (lean, indexed) {
+            prop_assert_eq!(lean, indexed);
+        }
     }
 
     #[test]
@@ -229,7 +235,36 @@ proptest! {
             (Err(_), lean) => prop_assert!(lean.is_err()),
             (Ok(_), Err(_)) => {}
         }
+        match (decode_synchronize(cut), indexed_then_decoded(cut)) {
+            (Ok(lean), Ok(indexed)) => prop_assert_eq!(lean, indexed),
+            (lean, indexed) => prop_assert_eq!(lean.is_ok(), indexed.is_ok()),
+        }
     }
+}
+
+/// What [`index_synchronize`] and [`decode_container`] give, as one request;
+/// each container's pod checked against the pods by id (the later wins).
+fn indexed_then_decoded(bytes: &[u8]) -> protobuf::Result<api::SynchronizeRequest> {
+    let indexed = index_synchronize(bytes)?;
+    let mut pods = Vec::new();
+    for (at, id) in &indexed.pods {
+        let p = decode_pod(&bytes[at.clone()]).expect("a located pod decodes");
+        assert_eq!(&p.id, id);
+        pods.push(p);
+    }
+    let mut containers = Vec::new();
+    for (at, pod) in &indexed.containers {
+        let c = decode_container(&bytes[at.clone()]).expect("a located container decodes");
+        let last = pods.iter().rposition(|p| p.id == c.pod_sandbox_id);
+        assert_eq!(*pod, last, "{c:?}");
+        containers.push(c);
+    }
+    Ok(api::SynchronizeRequest {
+        pods,
+        containers,
+        more: indexed.more,
+        ..Default::default()
+    })
 }
 
 #[test]
@@ -274,5 +309,6 @@ fn garbage_is_refused_with_a_reason() {
     for bytes in [&[0xff, 0xff, 0xff][..], &[18, 50, 1], &[10, 3, 0x0f, 0, 0]] {
         let e = decode_synchronize(bytes).unwrap_err();
         assert!(!e.to_string().is_empty());
+        assert!(index_synchronize(bytes).is_err());
     }
 }

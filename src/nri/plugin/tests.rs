@@ -550,11 +550,30 @@ async fn synchronized(
         let resp = p.synchronize(&TtrpcContext::default(), chunk).await;
         updates = resp.unwrap().update;
     }
+    (updates, registry_records(p))
+}
+
+/// One Synchronize message of these pods and containers.
+fn sync_message(
+    pods: &[api::PodSandbox],
+    containers: &[api::Container],
+    more: bool,
+) -> api::SynchronizeRequest {
+    api::SynchronizeRequest {
+        pods: pods.to_vec(),
+        containers: containers.to_vec(),
+        more,
+        ..Default::default()
+    }
+}
+
+/// Every record of the registry, sorted.
+fn registry_records(p: &QosPlugin) -> Vec<String> {
     let reg = lock(&p.registry);
     let mut records: Vec<String> = reg.pods.values().map(|r| format!("{r:?}")).collect();
     records.extend(reg.containers.values().map(|r| format!("{r:?}")));
     records.sort();
-    (updates, records)
+    records
 }
 
 #[tokio::test]
@@ -568,18 +587,11 @@ async fn a_chunked_synchronize_gives_the_registry_and_updates_of_one_message() {
             in_cgroup(hidden_container(id, &id[..1]), &path)
         })
         .collect();
-    let msg =
-        |pods: &[api::PodSandbox], containers: &[api::Container], more| api::SynchronizeRequest {
-            pods: pods.to_vec(),
-            containers: containers.to_vec(),
-            more,
-            ..Default::default()
-        };
-    let whole = vec![msg(&pods, &containers, false)];
+    let whole = vec![sync_message(&pods, &containers, false)];
     let chunked = vec![
-        msg(&pods[..1], &containers[..1], true),
-        msg(&pods[1..], &containers[1..3], true),
-        msg(&[], &containers[3..], false),
+        sync_message(&pods[..1], &containers[..1], true),
+        sync_message(&pods[1..], &containers[1..3], true),
+        sync_message(&[], &containers[3..], false),
     ];
     let (updates, records) = synchronized(&plugin(dir.path()), whole).await;
     let ids: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
@@ -593,4 +605,72 @@ async fn a_chunked_synchronize_gives_the_registry_and_updates_of_one_message() {
         synchronized(&plugin(dir.path()), chunked).await,
         (updates, records)
     );
+}
+
+/// [`synchronized`] through the handler of encoded messages.
+async fn synchronized_encoded(
+    p: &QosPlugin,
+    chunks: Vec<api::SynchronizeRequest>,
+) -> (Vec<api::ContainerUpdate>, Vec<String>) {
+    use crate::nri::lean_sync::SynchronizeEncoded;
+    let mut updates = Vec::new();
+    for chunk in chunks {
+        let bytes = protobuf::Message::write_to_bytes(&chunk).unwrap();
+        let resp = p.synchronize_encoded(&TtrpcContext::default(), bytes).await;
+        let raw = resp.unwrap();
+        let resp: api::SynchronizeResponse = protobuf::Message::parse_from_bytes(&raw).unwrap();
+        // Map entries come in any order; nothing but the updates is written.
+        let size = protobuf::Message::compute_size(&resp);
+        assert_eq!(raw.len() as u64, size);
+        assert_eq!(resp.more, chunk.more);
+        updates = resp.update;
+    }
+    (updates, registry_records(p))
+}
+
+#[tokio::test]
+async fn a_synchronize_decided_pod_by_pod_from_its_bytes_gives_what_the_decoded_one_gives() {
+    use crate::nri::lean_sync::SynchronizeEncoded;
+    let dir = tempfile::tempdir().unwrap();
+    let [a, b, c] = ["a", "b", "c"].map(|id| kubelet_pod(dir.path(), id, 0));
+    let mut a_later = a.clone();
+    a_later.name = "a-later".into();
+    // Out of pod order, one of a pod never sent, a pod sent twice.
+    let mut containers: Vec<_> = ["b1", "a1", "c1", "a2", "b2"]
+        .iter()
+        .map(|id| {
+            let path = format!("/kubepods/burstable/pod{}/{id}", &id[..1]);
+            in_cgroup(hidden_container(id, &id[..1]), &path)
+        })
+        .collect();
+    containers.insert(2, hidden_container("x", "unknown"));
+    let pods = vec![a, b, c, a_later];
+    let whole = vec![sync_message(&pods, &containers, false)];
+    let decoded = synchronized(&plugin(dir.path()), whole.clone()).await;
+    let ids: Vec<&str> = decoded.0.iter().map(|u| u.container_id.as_str()).collect();
+    assert_eq!(ids, ["b1", "a1", "c1", "a2", "b2"]);
+    assert!(decoded.1.iter().any(|r| r.contains("a-later")));
+    assert_eq!(
+        synchronized_encoded(&plugin(dir.path()), whole).await,
+        decoded
+    );
+    let chunked = vec![
+        sync_message(&pods[..1], &containers[..2], true),
+        sync_message(&pods[1..], &containers[2..4], true),
+        sync_message(&[], &containers[4..], false),
+    ];
+    assert_eq!(
+        synchronized_encoded(&plugin(dir.path()), chunked).await,
+        decoded
+    );
+    // Garbage is refused and leaves nothing held: a whole message after it
+    // is taken as usual.
+    let p = plugin(dir.path());
+    let ctx = TtrpcContext::default();
+    match p.synchronize_encoded(&ctx, vec![18, 50, 1]).await {
+        Err(ttrpc::Error::RpcStatus(s)) => assert_eq!(s.code(), ttrpc::Code::INVALID_ARGUMENT),
+        other => panic!("{other:?}"),
+    }
+    let whole = vec![sync_message(&pods, &containers, false)];
+    assert_eq!(synchronized_encoded(&p, whole).await, decoded);
 }
