@@ -21,8 +21,8 @@
 //!
 //! Conn 2 (RegisterPlugin, rarely anything else) goes to the ttrpc client
 //! through an in-memory pipe of [`RUNTIME_PIPE_CAPACITY`]; its outgoing
-//! frames are written from the blocking pool, whole frames under one lock
-//! with the thread's answers.
+//! frames are written from the event loop without blocking it, whole
+//! frames under one lock with the thread's answers.
 //!
 //! Outgoing frames carry at most [`MAX_OUTGOING_PAYLOAD`] bytes: the Go side
 //! reads headers through a 4096-byte bufio buffer and fails with ENOMEM on a
@@ -159,30 +159,14 @@ async fn pump_outgoing(conn: u32, mut pipe: ReadHalf<DuplexStream>, trunk: Arc<T
             }
         };
         frame[4..HEADER_LEN].copy_from_slice(&frame_len(n).to_be_bytes());
-        // A blocking write, so off the event loop: a peer that does not
-        // read stalls this pump (and the thread), not the runtime. Conn 2
-        // carries a few small calls per session.
-        let trunk = trunk.clone();
-        let sent = tokio::task::spawn_blocking(move || {
-            let r = trunk.write_all(&frame[..HEADER_LEN + n]);
-            (frame, r)
-        })
-        .await;
-        frame = match sent {
-            Ok((frame, Ok(()))) => frame,
-            Ok((_, Err(source))) => {
-                return MuxError::Io {
-                    context: "writing a frame",
-                    source,
-                }
-            }
-            Err(e) => {
-                return MuxError::Io {
-                    context: "writing a frame",
-                    source: io::Error::other(e),
-                }
-            }
-        };
+        let sent;
+        (frame, sent) = trunk.write_from_event_loop(frame, HEADER_LEN + n).await;
+        if let Err(source) = sent {
+            return MuxError::Io {
+                context: "writing a frame",
+                source,
+            };
+        }
         trace!(conn, len = n, "frame sent");
     }
 }
