@@ -116,9 +116,9 @@ async fn drive(trunk: UnixStream, services: Services, runtime_conn: DuplexStream
             }
         }
     };
-    let _close = CloseOnDrop(trunk.clone());
+    let close = CloseOnDrop(trunk.clone());
     let (pipe_rd, pipe_wr) = tokio::io::split(runtime_conn);
-    let (done, ended) = tokio::sync::oneshot::channel();
+    let (done, mut ended) = tokio::sync::oneshot::channel();
     let (reader, runtime) = (trunk.clone(), Handle::current());
     let spawned = std::thread::Builder::new()
         .name("nri-trunk".into())
@@ -134,9 +134,15 @@ async fn drive(trunk: UnixStream, services: Services, runtime_conn: DuplexStream
     // Frames in (and conn 1 answered) on the thread, conn 2 out here;
     // whichever ends first ends the session.
     let reason = tokio::select! {
-        r = pump_outgoing(RUNTIME_SERVICE_CONN, pipe_rd, trunk) => r,
         // A thread that panicked drops its sender: the session is over.
-        r = ended => r.unwrap_or(MuxError::Closed),
+        r = &mut ended => r.unwrap_or(MuxError::Closed),
+        r = pump_outgoing(RUNTIME_SERVICE_CONN, pipe_rd, trunk) => {
+            // The thread may be in a handler: wait for it, so no handler
+            // of this session runs into the next one.
+            drop(close);
+            let _ = ended.await;
+            r
+        }
     };
     debug!(%reason, "nri multiplexer stopping");
     reason
@@ -722,5 +728,17 @@ mod tests {
         theirs.read_to_end(&mut rest).await.unwrap();
         assert!(rest.is_empty());
         conn.read_to_end(&mut rest).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn closing_conn_2_ends_the_session_once_the_thread_is_done() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (conn, driver) = serve(ours, Services::new());
+        let driver = tokio::spawn(driver);
+        drop(conn);
+        assert!(matches!(driver.await.unwrap(), MuxError::LocalClosed(2)));
+        let mut rest = Vec::new();
+        theirs.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
     }
 }
