@@ -59,12 +59,16 @@ fn hot_functions_together() {
         return;
     }
     let list = Path::new(&env("CARGO_MANIFEST_DIR")).join(LIST);
-    if !list.exists() {
+    // The link reads the copy in OUT_DIR: a path into the checkout could be
+    // gone when a target dir shared by two checkouts relinks without
+    // rerunning this script, and the release link would fail.
+    let copy = Path::new(&env("OUT_DIR")).join("hot-functions.txt");
+    if fs::copy(&list, &copy).is_err() {
         return;
     }
     println!(
         "cargo:rustc-link-arg-bin=nri-qos=-Wl,--symbol-ordering-file={},--no-warn-symbol-ordering",
-        list.display()
+        copy.display()
     );
 }
 
