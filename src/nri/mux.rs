@@ -741,4 +741,40 @@ mod tests {
         theirs.read_to_end(&mut rest).await.unwrap();
         assert!(rest.is_empty());
     }
+
+    #[tokio::test]
+    async fn a_peer_that_does_not_read_conn_2_stalls_neither_the_event_loop_nor_framing() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (mut conn, driver) = serve(ours, Services::new());
+        tokio::spawn(driver);
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let want = big.clone();
+        let writer = tokio::spawn(async move {
+            conn.write_all(&big).await.unwrap();
+            conn
+        });
+        // More than the socket holds: the rest waits, and timers still run.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!writer.is_finished());
+        // An answer on conn 1 meanwhile comes whole, between frames.
+        theirs
+            .write_all(&frame(1, &ttrpc_request(1, "x")))
+            .await
+            .unwrap();
+        let (mut got, mut answers) = (Vec::new(), 0);
+        while got.len() < want.len() || answers == 0 {
+            let mut p = Vec::new();
+            match read_frame_from(&mut theirs, &mut p).await {
+                RUNTIME_SERVICE_CONN => got.extend(p),
+                PLUGIN_SERVICE_CONN => {
+                    let r = ttrpc::Response::parse_from_bytes(&p[MESSAGE_HEADER_LENGTH..]);
+                    assert_eq!(r.unwrap().status.code(), Code::INVALID_ARGUMENT);
+                    answers += 1;
+                }
+                other => panic!("frame for conn {other}"),
+            }
+        }
+        assert_eq!(got, want);
+        let _conn = writer.await.unwrap();
+    }
 }
