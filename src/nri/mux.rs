@@ -1,5 +1,5 @@
 //! The NRI connection multiplexer, with the Plugin service served right on
-//! the socket task.
+//! the thread that reads the socket.
 //!
 //! One unix stream (the "trunk") carries several logical connections as
 //! frames `[u32 BE conn id][u32 BE payload length][payload]`. NRI uses conn 1
@@ -7,32 +7,36 @@
 //! service (we call the runtime). There is no open/close signalling: a frame
 //! for a connection nobody opened is dropped, and EOF on the trunk ends all.
 //!
-//! The hot path is conn 1. Its ttrpc messages are decoded where the frames
-//! are read, and each request is answered before the next frame is read:
-//! no task hop, no pipe, one write per answer. That is also the bound on a
-//! peer that never reads our answers: one request in flight, and when the
-//! socket's send buffer is full we stop reading (back-pressure), so memory
-//! stays at the buffers below whatever the peer sends. The handlers are
-//! the generated ttrpc method handlers of the Plugin service; only the
-//! server loop is ours (see the README's wire section for the measurements).
+//! The hot path is conn 1. The trunk is a blocking socket read by one
+//! dedicated thread ("nri-trunk"), which decodes conn 1's ttrpc messages
+//! and answers each request before it reads the next frame: a read(2) and
+//! a write(2) per request, no event loop, no task hop, no pipe. That is
+//! also the bound on a peer that never reads our answers: one request in
+//! flight, and when the socket's send buffer is full the thread blocks in
+//! write and stops reading (back-pressure), so memory stays at the buffers
+//! below whatever the peer sends. The handlers are the generated ttrpc
+//! method handlers of the Plugin service, run to completion from the thread
+//! on the runtime's handle; only the server loop is ours (see the README's
+//! wire section for the measurements).
 //!
 //! Conn 2 (RegisterPlugin, rarely anything else) goes to the ttrpc client
-//! through an in-memory pipe of [`RUNTIME_PIPE_CAPACITY`].
+//! through an in-memory pipe of [`RUNTIME_PIPE_CAPACITY`]; its outgoing
+//! frames are written from the event loop without blocking it, whole
+//! frames under one lock with the thread's answers.
 //!
 //! Outgoing frames carry at most [`MAX_OUTGOING_PAYLOAD`] bytes: the Go side
 //! reads headers through a 4096-byte bufio buffer and fails with ENOMEM on a
 //! larger frame, so small frames are always readable by every runtime.
 
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, Read};
 use std::sync::Arc;
 
 use protobuf::Message;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio::net::UnixStream;
-use tokio::sync::Mutex;
+use tokio::runtime::Handle;
 use tracing::{debug, trace, warn};
 use ttrpc::proto::MESSAGE_TYPE_REQUEST;
 use ttrpc::proto::{MESSAGE_HEADER_LENGTH, MESSAGE_LENGTH_MAX, MESSAGE_TYPE_DATA};
@@ -40,7 +44,9 @@ use ttrpc::r#async::{Service, TtrpcContext};
 use ttrpc::{Code, MessageHeader};
 
 mod reader;
+mod trunk;
 use reader::{parse_keeping_payload, Body, Incoming, MessageReader};
+use trunk::{CloseOnDrop, Trunk};
 
 /// Logical connection on which the plugin serves `nri.pkg.api.v1alpha1.Plugin`.
 pub const PLUGIN_SERVICE_CONN: u32 = 1;
@@ -87,7 +93,8 @@ pub enum MuxError {
 /// Serves `services` on conn 1 of `trunk` and returns conn 2 (hand it to
 /// the ttrpc client of the Runtime service) and the driver future. The
 /// session is over when the driver returns (trunk EOF, malformed frame, or
-/// conn 2 closed locally); dropping the driver closes the trunk and conn 2.
+/// conn 2 closed locally); dropping the driver closes the trunk and conn 2
+/// and ends the trunk thread.
 pub fn serve(
     trunk: UnixStream,
     services: Services,
@@ -100,14 +107,42 @@ pub fn serve(
 }
 
 async fn drive(trunk: UnixStream, services: Services, runtime_conn: DuplexStream) -> MuxError {
-    let (trunk_rd, trunk_wr) = trunk.into_split();
-    let trunk_wr = Arc::new(Mutex::new(trunk_wr));
+    let trunk = match Trunk::blocking(trunk) {
+        Ok(trunk) => Arc::new(trunk),
+        Err(source) => {
+            return MuxError::Io {
+                context: "making the trunk blocking",
+                source,
+            }
+        }
+    };
+    let close = CloseOnDrop(trunk.clone());
     let (pipe_rd, pipe_wr) = tokio::io::split(runtime_conn);
-    // One task: frames in (and conn 1 answered) and conn 2 out are polled
-    // together; whichever ends first ends the session.
+    let (done, mut ended) = tokio::sync::oneshot::channel();
+    let (reader, runtime) = (trunk.clone(), Handle::current());
+    let spawned = std::thread::Builder::new()
+        .name("nri-trunk".into())
+        .spawn(move || {
+            let _ = done.send(pump_incoming(&reader, pipe_wr, &services, &runtime));
+        });
+    if let Err(source) = spawned {
+        return MuxError::Io {
+            context: "starting the trunk thread",
+            source,
+        };
+    }
+    // Frames in (and conn 1 answered) on the thread, conn 2 out here;
+    // whichever ends first ends the session.
     let reason = tokio::select! {
-        r = pump_outgoing(RUNTIME_SERVICE_CONN, pipe_rd, trunk_wr.clone()) => r,
-        r = pump_incoming(trunk_rd, pipe_wr, services, trunk_wr) => r,
+        // A thread that panicked drops its sender: the session is over.
+        r = &mut ended => r.unwrap_or(MuxError::Closed),
+        r = pump_outgoing(RUNTIME_SERVICE_CONN, pipe_rd, trunk) => {
+            // The thread may be in a handler: wait for it, so no handler
+            // of this session runs into the next one.
+            drop(close);
+            let _ = ended.await;
+            r
+        }
     };
     debug!(%reason, "nri multiplexer stopping");
     reason
@@ -115,11 +150,7 @@ async fn drive(trunk: UnixStream, services: Services, runtime_conn: DuplexStream
 
 /// Copies bytes the ttrpc client wrote on one conn to the trunk, as frames
 /// of at most [`MAX_OUTGOING_PAYLOAD`] bytes, one write per frame.
-async fn pump_outgoing(
-    conn: u32,
-    mut pipe: ReadHalf<DuplexStream>,
-    trunk: Arc<Mutex<OwnedWriteHalf>>,
-) -> MuxError {
+async fn pump_outgoing(conn: u32, mut pipe: ReadHalf<DuplexStream>, trunk: Arc<Trunk>) -> MuxError {
     let mut frame = vec![0u8; HEADER_LEN + MAX_OUTGOING_PAYLOAD];
     frame[..4].copy_from_slice(&conn.to_be_bytes());
     loop {
@@ -134,7 +165,9 @@ async fn pump_outgoing(
             }
         };
         frame[4..HEADER_LEN].copy_from_slice(&frame_len(n).to_be_bytes());
-        if let Err(source) = trunk.lock().await.write_all(&frame[..HEADER_LEN + n]).await {
+        let sent;
+        (frame, sent) = trunk.write_from_event_loop(frame, HEADER_LEN + n).await;
+        if let Err(source) = sent {
             return MuxError::Io {
                 context: "writing a frame",
                 source,
@@ -144,20 +177,22 @@ async fn pump_outgoing(
     }
 }
 
-/// Reads frames from the trunk: conn 1 is decoded and answered here, conn 2
-/// goes to the ttrpc client's pipe, anything else is dropped.
-async fn pump_incoming(
-    trunk: OwnedReadHalf,
-    mut runtime: WriteHalf<DuplexStream>,
-    services: Services,
-    out: Arc<Mutex<OwnedWriteHalf>>,
+/// The trunk thread: reads frames; conn 1 is decoded and answered here,
+/// conn 2 goes to the ttrpc client's pipe, anything else is dropped. The
+/// async handlers run on `runtime`'s handle; they await nothing that needs
+/// its I/O driver (the Plugin hooks compute and return).
+fn pump_incoming(
+    trunk: &Trunk,
+    mut runtime_pipe: WriteHalf<DuplexStream>,
+    services: &Services,
+    runtime: &Handle,
 ) -> MuxError {
-    let mut trunk = tokio::io::BufReader::with_capacity(READ_BUFFER, trunk);
+    let mut rd = io::BufReader::with_capacity(READ_BUFFER, &trunk.socket);
     let mut payload = Vec::new();
     let mut requests = MessageReader::default();
     let mut answers = Answers::default();
     loop {
-        let conn = match read_frame(&mut trunk, &mut payload).await {
+        let conn = match read_frame(&mut rd, &mut payload) {
             Ok(conn) => conn,
             Err(e) => return e,
         };
@@ -172,16 +207,16 @@ async fn pump_incoming(
                     freed |= matches!(msg, Incoming::Whole(..));
                     let msg = parse(msg);
                     freed |= requests.shrink();
-                    answer(&services, msg, &mut answers).await;
+                    runtime.block_on(answer(services, msg, &mut answers));
                     // A frame may hold many small requests: write as we go
                     // rather than collect an unbounded batch of answers.
                     if answers.bytes.len() >= KEEP_BUFFER {
-                        if let Err(e) = answers.write_to(&out).await {
+                        if let Err(e) = answers.write_to(trunk) {
                             return e;
                         }
                     }
                 }
-                if let Err(e) = answers.write_to(&out).await {
+                if let Err(e) = answers.write_to(trunk) {
                     return e;
                 }
                 if requests.shrink() || freed {
@@ -191,7 +226,7 @@ async fn pump_incoming(
             RUNTIME_SERVICE_CONN => {
                 // Blocks (and so stops reading the trunk) while the client is
                 // behind: back-pressure instead of unbounded buffering.
-                if runtime.write_all(&payload).await.is_err() {
+                if runtime.block_on(runtime_pipe.write_all(&payload)).is_err() {
                     return MuxError::LocalClosed(conn);
                 }
             }
@@ -208,13 +243,10 @@ async fn pump_incoming(
 }
 
 /// Reads one frame into `payload`; returns its conn id.
-async fn read_frame<R: AsyncRead + Unpin>(
-    trunk: &mut R,
-    payload: &mut Vec<u8>,
-) -> Result<u32, MuxError> {
+fn read_frame(trunk: &mut impl Read, payload: &mut Vec<u8>) -> Result<u32, MuxError> {
     let mut header = [0u8; HEADER_LEN];
-    match trunk.read_exact(&mut header).await {
-        Ok(_) => {}
+    match trunk.read_exact(&mut header) {
+        Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(MuxError::Closed),
         Err(source) => {
             return Err(MuxError::Io {
@@ -232,8 +264,8 @@ async fn read_frame<R: AsyncRead + Unpin>(
         });
     }
     payload.resize(len, 0);
-    match trunk.read_exact(payload).await {
-        Ok(_) => Ok(conn),
+    match trunk.read_exact(payload) {
+        Ok(()) => Ok(conn),
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err(MuxError::Closed),
         Err(source) => Err(MuxError::Io {
             context: "reading a frame payload",
@@ -297,11 +329,11 @@ impl Answers {
 
     /// One write for everything collected. When the peer does not read,
     /// this waits, and so does the reading of further requests.
-    async fn write_to(&mut self, out: &Mutex<OwnedWriteHalf>) -> Result<(), MuxError> {
+    fn write_to(&mut self, out: &Trunk) -> Result<(), MuxError> {
         if self.bytes.is_empty() {
             return Ok(());
         }
-        let r = out.lock().await.write_all(&self.bytes).await;
+        let r = out.write_all(&self.bytes);
         self.bytes.clear();
         if self.bytes.capacity() > KEEP_BUFFER {
             self.bytes = Vec::new();
@@ -447,6 +479,16 @@ mod tests {
         f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
         f.extend_from_slice(payload);
         f
+    }
+
+    /// The runtime's side of `read_frame`.
+    async fn read_frame_from(theirs: &mut UnixStream, payload: &mut Vec<u8>) -> u32 {
+        let mut h = [0u8; HEADER_LEN];
+        theirs.read_exact(&mut h).await.unwrap();
+        let (conn, len) = parse_header(&h);
+        payload.resize(len, 0);
+        theirs.read_exact(payload).await.unwrap();
+        conn
     }
 
     fn ttrpc_request(stream_id: u32, method: &str) -> Vec<u8> {
@@ -604,7 +646,7 @@ mod tests {
         let mut got = Vec::new();
         while got.len() < big.len() {
             let mut p = Vec::new();
-            let conn = read_frame(&mut theirs, &mut p).await.unwrap();
+            let conn = read_frame_from(&mut theirs, &mut p).await;
             assert_eq!(conn, RUNTIME_SERVICE_CONN);
             assert!(!p.is_empty() && p.len() <= MAX_OUTGOING_PAYLOAD);
             got.extend(p);
@@ -629,7 +671,7 @@ mod tests {
         ] {
             theirs.write_all(&frame(1, &m)).await.unwrap();
             let mut p = Vec::new();
-            assert_eq!(read_frame(&mut theirs, &mut p).await.unwrap(), 1);
+            assert_eq!(read_frame_from(&mut theirs, &mut p).await, 1);
             let h = MessageHeader::from(&p[..MESSAGE_HEADER_LENGTH]);
             assert_eq!(h.stream_id, stream);
             let r = ttrpc::Response::parse_from_bytes(&p[MESSAGE_HEADER_LENGTH..]).unwrap();
@@ -667,5 +709,72 @@ mod tests {
         let mut rest = Vec::new();
         conn.read_to_end(&mut rest).await.unwrap();
         assert!(rest.is_empty());
+    }
+
+    #[tokio::test]
+    async fn dropping_the_driver_closes_the_trunk_and_ends_its_thread() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (mut conn, driver) = serve(ours, Services::new());
+        let driver = tokio::spawn(driver);
+        // The thread is up and blocked in read: a request gets its answer.
+        theirs
+            .write_all(&frame(1, &ttrpc_request(1, "x")))
+            .await
+            .unwrap();
+        assert_eq!(read_frame_from(&mut theirs, &mut Vec::new()).await, 1);
+        driver.abort();
+        // The runtime sees EOF, and the thread's end closes conn 2.
+        let mut rest = Vec::new();
+        theirs.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        conn.read_to_end(&mut rest).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn closing_conn_2_ends_the_session_once_the_thread_is_done() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (conn, driver) = serve(ours, Services::new());
+        let driver = tokio::spawn(driver);
+        drop(conn);
+        assert!(matches!(driver.await.unwrap(), MuxError::LocalClosed(2)));
+        let mut rest = Vec::new();
+        theirs.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_does_not_read_conn_2_stalls_neither_the_event_loop_nor_framing() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (mut conn, driver) = serve(ours, Services::new());
+        tokio::spawn(driver);
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let want = big.clone();
+        let writer = tokio::spawn(async move {
+            conn.write_all(&big).await.unwrap();
+            conn
+        });
+        // More than the socket holds: the rest waits, and timers still run.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!writer.is_finished());
+        // An answer on conn 1 meanwhile comes whole, between frames.
+        theirs
+            .write_all(&frame(1, &ttrpc_request(1, "x")))
+            .await
+            .unwrap();
+        let (mut got, mut answers) = (Vec::new(), 0);
+        while got.len() < want.len() || answers == 0 {
+            let mut p = Vec::new();
+            match read_frame_from(&mut theirs, &mut p).await {
+                RUNTIME_SERVICE_CONN => got.extend(p),
+                PLUGIN_SERVICE_CONN => {
+                    let r = ttrpc::Response::parse_from_bytes(&p[MESSAGE_HEADER_LENGTH..]);
+                    assert_eq!(r.unwrap().status.code(), Code::INVALID_ARGUMENT);
+                    answers += 1;
+                }
+                other => panic!("frame for conn {other}"),
+            }
+        }
+        assert_eq!(got, want);
+        let _conn = writer.await.unwrap();
     }
 }
