@@ -97,9 +97,7 @@ impl SyncReassembler {
             None => (ends, timeout),
         };
         self.deadline = Some((deadline, span));
-        // Keep a quarter of the time for deciding and answering.
-        let accept_until = deadline.checked_sub(span / 4).unwrap_or(deadline);
-        let late = now > accept_until;
+        let late = now > accept_until(deadline, span);
         let more = req.more;
         let api::SynchronizeRequest {
             pods, containers, ..
@@ -154,24 +152,19 @@ impl SyncReassembler {
     /// nothing changed) for any other message, which goes to
     /// [`Self::push`].
     pub fn take_whole(
-        &mut self,
+        &self,
         objects: usize,
         bytes: usize,
         more: bool,
         timeout: Option<Duration>,
         now: Instant,
     ) -> Option<Option<Instant>> {
-        if !self.is_fresh() || more {
+        // A fresh message is never late: its whole timeout lies ahead.
+        if !self.is_fresh() || more || objects > self.budget_objects || bytes > self.budget_bytes {
             return None;
         }
         let span = timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT);
-        let deadline = now + span;
-        let accept_until = deadline.checked_sub(span / 4).unwrap_or(deadline);
-        let late = now > accept_until;
-        if late || objects > self.budget_objects || bytes > self.budget_bytes {
-            return None;
-        }
-        Some(deadline.checked_sub(span / 8))
+        Some(answer_by(now + span, span))
     }
 
     /// The whole Synchronize once its last chunk is in.
@@ -182,7 +175,7 @@ impl SyncReassembler {
         let done = Complete {
             snapshot: std::mem::take(&mut self.held),
             dropped: self.dropped,
-            answer_by: deadline.checked_sub(span / 8),
+            answer_by: answer_by(deadline, span),
         };
         self.start_over();
         Some(done)
@@ -226,6 +219,17 @@ impl SyncReassembler {
 /// so it fails [`SyncReassembler::fits`] and is dropped like any oversized one.
 fn object_size(o: &impl Message) -> usize {
     usize::try_from(o.compute_size()).unwrap_or(usize::MAX)
+}
+
+/// Chunks are taken until a quarter of the time is left, for deciding
+/// and answering.
+fn accept_until(deadline: Instant, span: Duration) -> Instant {
+    deadline.checked_sub(span / 4).unwrap_or(deadline)
+}
+
+/// When deciding stops so that the answer still leaves in time.
+fn answer_by(deadline: Instant, span: Duration) -> Option<Instant> {
+    deadline.checked_sub(span / 8)
 }
 
 #[cfg(test)]
