@@ -42,11 +42,23 @@ pub trait SynchronizeEncoded: Plugin {
         ctx: &TtrpcContext,
         payload: Vec<u8>,
     ) -> ttrpc::Result<Vec<u8>> {
-        let req = decode_synchronize(&payload).map_err(invalid_request)?;
-        drop(payload);
-        let answer = self.synchronize(ctx, req).await?;
-        answer.write_to_bytes().map_err(not_encodable)
+        synchronize_decoded(self, ctx, payload).await
     }
+}
+
+/// A Synchronize decoded by [`decode_synchronize`] (its bytes freed
+/// first), handled by the plugin's `synchronize` and its answer encoded:
+/// what a [`SynchronizeEncoded`] does with a message it does not take
+/// encoded.
+pub async fn synchronize_decoded<P: Plugin + ?Sized>(
+    plugin: &P,
+    ctx: &TtrpcContext,
+    payload: Vec<u8>,
+) -> ttrpc::Result<Vec<u8>> {
+    let req = decode_synchronize(&payload).map_err(invalid_request)?;
+    drop(payload);
+    let answer = plugin.synchronize(ctx, req).await?;
+    answer.write_to_bytes().map_err(not_encodable)
 }
 
 /// The status an answer that cannot be encoded is replaced with.

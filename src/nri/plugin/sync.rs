@@ -131,10 +131,7 @@ impl lean_sync::SynchronizeEncoded for QosPlugin {
                 return answer.map_err(lean_sync::not_encodable);
             }
         }
-        let req = lean_sync::decode_synchronize(&payload).map_err(invalid)?;
-        drop(payload);
-        let answer = self.synchronize(ctx, req).await?;
-        answer.write_to_bytes().map_err(lean_sync::not_encodable)
+        lean_sync::synchronize_decoded(self, ctx, payload).await
     }
 }
 
