@@ -54,7 +54,6 @@ fn hot_functions_together() {
     const LIST: &str = "link/hot-functions.txt";
     println!("cargo:rerun-if-changed={LIST}");
     println!("cargo:rerun-if-env-changed=NRI_QOS_LINK_ORDER");
-    let env = |name: &str| std::env::var(name).unwrap_or_default();
     if env("PROFILE") != "release" || env("NRI_QOS_LINK_ORDER") == "0" || !links_with_rust_lld() {
         return;
     }
@@ -78,7 +77,6 @@ fn hot_functions_together() {
 /// RUSTFLAGS (`-C linker=`, `-C link-arg=-fuse-ld=bfd`, `-C
 /// link-self-contained=-linker`, …) means we cannot tell, so no ordering.
 fn links_with_rust_lld() -> bool {
-    let env = |name: &str| std::env::var(name).unwrap_or_default();
     if env("TARGET") != "x86_64-unknown-linux-gnu"
         || std::env::var_os("RUSTC_LINKER").is_some()
         || env("CARGO_ENCODED_RUSTFLAGS").contains("link")
@@ -101,4 +99,9 @@ fn links_with_rust_lld() -> bool {
         (Some(major), Some(minor)) => major > 1 || minor >= 90,
         _ => false,
     }
+}
+
+/// A variable cargo sets for build scripts, empty when unset.
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_default()
 }
