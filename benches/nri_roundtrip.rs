@@ -41,7 +41,7 @@
 //! idle, after the Synchronize and after the creates),
 //! `NRI_BENCH_CGROUP_TREE=empty` (no pod or container cgroups under the
 //! plugin's cgroup root, as before 2026-11-24: every read of the
-//! Synchronize fails).
+//! Synchronize fails), `NRI_BENCH_PLACEMENT` (see [`Placement`]).
 //!
 //! The plugin's cgroup root is a temp dir that says v2 and holds what a node
 //! shows: a cgroup per pod and per container (kubelet cgroupfs layout, from
@@ -111,6 +111,7 @@ fn main() {
     std::env::set_var("NRI_QOS_NODE_CGROUP_ROOT", fake_cgroup.path());
     std::env::set_var("NRI_QOS_HIERARCHY_ENABLED", "false");
 
+    let placement = Placement::from_env();
     let workload = Workload::new();
     let sync_msgs = containerd_sync_messages(&workload.pods, &workload.containers, sync_msg_max);
     let empty_tree = std::env::var("NRI_BENCH_CGROUP_TREE").is_ok_and(|v| v == "empty");
@@ -156,7 +157,8 @@ fn main() {
             "a pod and a container cgroup per object, holding what nri-qos wrote (NRI_BENCH_CGROUP_TREE=empty: none)"
         }
     );
-    let mut floor = Floor::spawn();
+    println!("placement: {}", placement.describe());
+    let mut floor = placement.spawn(Floor::spawn);
     let mut results: Vec<SubjectRounds> = Vec::new();
     let mut floor_rounds = Vec::new();
     let mut floor_cpu = Vec::new();
@@ -166,9 +168,9 @@ fn main() {
         if hook_time {
             enable_metrics_env();
         }
-        plugins.push(Plugin::start_nri_qos(&dir, &nri_qos_bin));
+        plugins.push(placement.spawn(|| Plugin::start_nri_qos(&dir, &nri_qos_bin)));
         if let Ok(bin) = &go_stub {
-            plugins.push(Plugin::start_go_stub(&dir, bin));
+            plugins.push(placement.spawn(|| Plugin::start_go_stub(&dir, bin)));
         }
         // Synchronize in alternating order across rounds.
         for i in 0..plugins.len() {
@@ -238,6 +240,113 @@ fn main() {
         }
     }
     print_table(&results, &floor_rounds, &floor_cpu, go_stub.as_ref().err());
+}
+
+/// Where the plugins and the floor's echo run relative to the peer
+/// (`NRI_BENCH_PLACEMENT`). A blocking round trip between two processes
+/// costs ~7 µs on one vCPU of this host and ~43 µs across two (the wake-up
+/// of an idle vCPU), and the scheduler keeps a process where it first
+/// landed: left free, a subject's p50 is one or the other by chance, round
+/// by round, so the ratio to the floor compares placements as often as
+/// paths. Pinned, every subject runs where the others do.
+#[derive(Clone, Copy)]
+enum Placement {
+    /// `free` (the default): where the scheduler puts them.
+    Free,
+    /// `beside`: the peer and every subject on the peer's CPU.
+    Beside { peer: usize },
+    /// `across`: the peer on one CPU, every subject on another.
+    Across { peer: usize, subject: usize },
+}
+
+impl Placement {
+    /// From `NRI_BENCH_PLACEMENT`; pins the calling thread, the peer, when
+    /// not free. The CPUs are the first two this process may use.
+    fn from_env() -> Self {
+        let wanted = std::env::var("NRI_BENCH_PLACEMENT").unwrap_or_default();
+        let cpus = allowed_cpus();
+        let placement = match (wanted.as_str(), cpus.as_slice()) {
+            ("" | "free", _) => Placement::Free,
+            ("beside", [peer, ..]) => Placement::Beside { peer: *peer },
+            ("across", [peer, subject, ..]) => Placement::Across {
+                peer: *peer,
+                subject: *subject,
+            },
+            (other, _) => panic!(
+                "NRI_BENCH_PLACEMENT={other}: want free, beside or across (across needs two CPUs; this process may use {cpus:?})"
+            ),
+        };
+        if let Some(peer) = placement.peer() {
+            pin_this_thread(peer);
+        }
+        placement
+    }
+
+    fn peer(self) -> Option<usize> {
+        match self {
+            Placement::Free => None,
+            Placement::Beside { peer } | Placement::Across { peer, .. } => Some(peer),
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Placement::Free => "free (NRI_BENCH_PLACEMENT=beside|across pins)".into(),
+            Placement::Beside { peer } => format!("beside: peer and subjects on CPU {peer}"),
+            Placement::Across { peer, subject } => {
+                format!("across: peer on CPU {peer}, subjects on CPU {subject}")
+            }
+        }
+    }
+
+    /// Runs `spawn` with the calling thread on the subjects' CPU, so that
+    /// the process it starts (and every thread that process makes)
+    /// inherits it, then puts the thread back on the peer's.
+    fn spawn<T>(self, spawn: impl FnOnce() -> T) -> T {
+        let Placement::Across { peer, subject } = self else {
+            return spawn();
+        };
+        pin_this_thread(subject);
+        let spawned = spawn();
+        pin_this_thread(peer);
+        spawned
+    }
+}
+
+/// The CPUs the calling thread may run on, lowest first.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a valid cpu_set_t of `size` bytes.
+    let rc = unsafe { libc::sched_getaffinity(0, size, &mut set) };
+    assert_eq!(
+        rc,
+        0,
+        "sched_getaffinity: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: CPU_ISSET reads the set within its size.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// Pins the calling thread (only it: pid 0) to `cpu`.
+fn pin_this_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: CPU_SET checks `cpu` against the set's size.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a valid cpu_set_t of `size` bytes.
+    let rc = unsafe { libc::sched_setaffinity(0, size, &set) };
+    assert_eq!(
+        rc,
+        0,
+        "pin to CPU {cpu}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
