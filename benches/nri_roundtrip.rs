@@ -41,7 +41,9 @@
 //! idle, after the Synchronize and after the creates),
 //! `NRI_BENCH_CGROUP_TREE=empty` (no pod or container cgroups under the
 //! plugin's cgroup root, as before 2026-11-24: every read of the
-//! Synchronize fails), `NRI_BENCH_PLACEMENT` (see [`Placement`]).
+//! Synchronize fails), `NRI_BENCH_PLACEMENT` (see [`Placement`]),
+//! `NRI_BENCH_UNIFIED=shown` (the containers reported with the CRI's
+//! unified map, as from containerd 2.2).
 //!
 //! The plugin's cgroup root is a temp dir that says v2 and holds what a node
 //! shows: a cgroup per pod and per container (kubelet cgroupfs layout, from
@@ -463,6 +465,10 @@ impl Workload {
         // what a node's do (args, env, mounts, devices, namespaces, rlimits),
         // which nri-qos never reads; both plugins get the same request.
         let node_content = std::env::var("NRI_BENCH_SYNC_CONTENT").is_ok_and(|v| v == "node");
+        // NRI_BENCH_UNIFIED=shown: each container reported as containerd 2.2
+        // (NRI v0.10 on) reports it, with the CRI's unified map (the
+        // kubelet's memory.oom.group); by default as 1.7 and 2.1, without.
+        let shows_unified = std::env::var("NRI_BENCH_UNIFIED").is_ok_and(|v| v == "shown");
         let pods: Vec<_> = (0..PODS)
             .map(|i| pod(&format!("p{i}"), &format!("{}p{i}", classes[i % 3])))
             .collect();
@@ -481,6 +487,14 @@ impl Workload {
                 c.linux.mut_or_insert_default().cgroups_path = format!("{parent}/c{i}");
                 if node_content {
                     add_node_content(&mut c, i);
+                }
+                if shows_unified {
+                    let r = c
+                        .linux
+                        .mut_or_insert_default()
+                        .resources
+                        .mut_or_insert_default();
+                    r.unified.insert("memory.oom.group".into(), "1".into());
                 }
                 c
             })

@@ -257,6 +257,17 @@ pub fn kubelet_memory_qos_keys(r: &Resources) -> bool {
     })
 }
 
+/// Whether the runtime showed the CRI's `unified` map in `r`: then every
+/// key the kubelet sent is in it (it sends memory.oom.group on cgroup v2
+/// too), and a key not there was not set. A map with only keys nri-qos sets
+/// itself may hide one (NRI before v0.10, containerd 1.7 and 2.1, shows
+/// plugins none of the CRI's keys).
+pub fn runtime_shows_unified(r: &Resources) -> bool {
+    r.unified
+        .keys()
+        .any(|k| !matches!(k.as_str(), "cpu.weight" | "memory.high"))
+}
+
 /// Whether the kubelet protects this container's memory, and whether it may
 /// have set memory.high where we cannot see it.
 fn kubelet_protection(pod: &PodFacts, cur: &Resources, cfg: &PolicyConfig) -> (bool, bool) {
@@ -266,16 +277,9 @@ fn kubelet_protection(pod: &PodFacts, cur: &Resources, cfg: &PolicyConfig) -> (b
         KubeletMemoryQos::Alpha | KubeletMemoryQos::Tiered => true,
         KubeletMemoryQos::Auto => visible || pod.kubelet_memory_qos,
     };
-    // A runtime that shows `unified` at all shows every key the kubelet sent
-    // (it sends memory.oom.group on cgroup v2 too): no memory.high there
-    // means none was set. A map with only keys nri-qos sets itself may hide
-    // one (NRI before v0.10 shows plugins none of the CRI's keys).
-    let shown = cur
-        .unified
-        .keys()
-        .any(|k| !matches!(k.as_str(), "cpu.weight" | "memory.high"));
+    // No memory.high in a map the runtime shows means none was set.
     let hidden_high = protects
-        && !shown
+        && !runtime_shows_unified(cur)
         && match cfg.kubelet_memory_qos {
             KubeletMemoryQos::Alpha | KubeletMemoryQos::Auto => true,
             KubeletMemoryQos::Tiered | KubeletMemoryQos::None => false,

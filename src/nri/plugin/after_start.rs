@@ -58,11 +58,20 @@ pub fn kubelet_may_set(class: QosClass) -> [bool; 3] {
 /// asks this for every running container), and [`NOT_THE_KUBELETS`] for
 /// a key the kubelet never sets on a container of a pod it placed in
 /// `kubelet_class` (`None`: not the kubelet's layout, every key counts).
+/// `report_current`: the runtime's report of the container holds what it
+/// applied last (not CRI-O's after a restart, see `forgets_resizes`);
+/// where such a report shows the CRI's `unified` map
+/// ([`qos::policy::runtime_shows_unified`]: NRI v0.10 on, containerd 2.2
+/// and later), nothing is hidden and no key is read.
 pub(super) fn known_keys(
     kubelet_class: Option<QosClass>,
     facts: &qos::ContainerFacts,
     decision: &qos::Decision,
+    report_current: bool,
 ) -> [u64; 3] {
+    if report_current && qos::policy::runtime_shows_unified(&facts.resources) {
+        return [NOT_THE_KUBELETS; 3];
+    }
     let known = KUBELET_KEYS.map(|k| {
         qos::policy::effective_unified(&facts.resources, &decision.adjustment, k)
             .and_then(|v| v.trim().parse::<u64>().ok())
@@ -111,7 +120,10 @@ pub fn pods_with_hidden_kubelet_keys(
         let pod_facts = convert::pod_from_wire(pod);
         let (facts, d) = decide_wire(&pod_facts, c, None, (node, policy), api_pods);
         let class = pod_class(&pod_facts.cgroup_parent);
-        if hidden_kubelet_key(&cgroup_root.join(rel), known_keys(class, &facts, &d)).is_some() {
+        // The audit does not ask which runtime reported: it reads every
+        // container as if the report could be stale.
+        let known = known_keys(class, &facts, &d, false);
+        if hidden_kubelet_key(&cgroup_root.join(rel), known).is_some() {
             out.insert(pod.id.clone());
         }
     }

@@ -238,7 +238,10 @@ impl QosPlugin {
             }
             let mut decided = decide_all(&pod_facts);
             let unknown = pod_cg.filter(|_| !pod_facts.kubelet_memory_qos);
-            if unknown.is_some_and(|cg| self.kubelet_found_in_sync(pod, cg, &members, &decided)) {
+            let report_current = !forgets_resizes;
+            if unknown.is_some_and(|cg| {
+                self.kubelet_found_in_sync(pod, cg, &members, &decided, report_current)
+            }) {
                 pod_facts.kubelet_memory_qos = true;
                 decided = decide_all(&pod_facts);
             }
@@ -313,7 +316,9 @@ impl QosPlugin {
     /// and `audit` apply the same rule). Failing that, a running container
     /// may hold a key the kubelet set where we did not (as at its start):
     /// only the keys the kubelet may set on its class are read
-    /// ([`after_start::kubelet_may_set`]). True when the pod is found the
+    /// ([`after_start::kubelet_may_set`]), and none of a container whose
+    /// current report shows the CRI's keys (`report_current`, see
+    /// [`after_start::known_keys`]). True when the pod is found the
     /// kubelet's now.
     fn kubelet_found_in_sync(
         &self,
@@ -321,6 +326,7 @@ impl QosPlugin {
         cg: PodCgroups,
         containers: &Members<'_>,
         decided: &[Decided],
+        report_current: bool,
     ) -> bool {
         let pod_cg = cg.pod;
         let mut pod_absent = false;
@@ -355,7 +361,7 @@ impl QosPlugin {
             // either: a read there could only find nothing.
             let below_absent =
                 || pod_absent && container_cgroup_dir(path).is_some_and(|r| r.starts_with(&pod_cg));
-            let known = after_start::known_keys(Some(cg.class), facts, d);
+            let known = after_start::known_keys(Some(cg.class), facts, d, report_current);
             running
                 && !below_absent()
                 && self.kubelet_keys_in_started_below(&pod.id, &pod_cg, path, known)

@@ -420,7 +420,21 @@ fn kubelet_pods_after_sync(
     pods: Vec<api::PodSandbox>,
     containers: Vec<api::Container>,
 ) -> Vec<std::path::PathBuf> {
+    kubelet_pods_after_sync_from(root, None, pods, containers)
+}
+
+/// [`kubelet_pods_after_sync`] with the runtime `runtime` (by name).
+fn kubelet_pods_after_sync_from(
+    root: &std::path::Path,
+    runtime: Option<&str>,
+    pods: Vec<api::PodSandbox>,
+    containers: Vec<api::Container>,
+) -> Vec<std::path::PathBuf> {
     let p = plugin(root);
+    *lock(&p.runtime) = runtime.map(|name| RuntimeInfo {
+        name: name.into(),
+        ..Default::default()
+    });
     p.finish_sync(Complete {
         snapshot: super::super::reassembly::Snapshot {
             pods,
@@ -486,6 +500,47 @@ fn synchronize_reads_only_the_keys_the_kubelet_may_set_on_the_class() {
     );
     assert_eq!(
         kubelet_pods_after_sync(root, vec![g, e, b], vec![cg, ce, cb]),
+        [std::path::PathBuf::from("kubepods/burstable/podb")]
+    );
+}
+
+/// A runtime that shows the CRI's `unified` map (NRI v0.10 on: the
+/// kubelet's memory.oom.group is there) shows every key the kubelet set, so
+/// a Synchronize reads none of that container's files; CRI-O, whose report
+/// after a restart can predate a resize, is still read. (The file here
+/// holds what the report does not, to prove which was read.)
+#[test]
+fn synchronize_reads_no_container_key_where_the_runtime_shows_the_cris() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let pod = kubelet_pod(root, "b", 0);
+    let mut cb = in_cgroup(hidden_container("cb", "b"), "/kubepods/burstable/podb/cb");
+    let resources = cb
+        .linux
+        .mut_or_insert_default()
+        .resources
+        .mut_or_insert_default();
+    resources
+        .unified
+        .insert("memory.oom.group".into(), "1".into());
+    container_files(
+        root,
+        "/kubepods/burstable/podb/cb",
+        &[("memory.min", "268435456")],
+    );
+    let (pods, containers) = (vec![pod], vec![cb]);
+    for runtime in [None, Some("containerd")] {
+        let owned = kubelet_pods_after_sync_from(root, runtime, pods.clone(), containers.clone());
+        assert!(owned.is_empty(), "{runtime:?}: {owned:?}");
+    }
+    assert_eq!(
+        kubelet_pods_after_sync_from(root, Some("cri-o"), pods.clone(), containers),
+        [std::path::PathBuf::from("kubepods/burstable/podb")]
+    );
+    // Without the CRI's keys in the report the file is read, as before.
+    let hidden = in_cgroup(hidden_container("cb", "b"), "/kubepods/burstable/podb/cb");
+    assert_eq!(
+        kubelet_pods_after_sync_from(root, Some("containerd"), pods, vec![hidden]),
         [std::path::PathBuf::from("kubepods/burstable/podb")]
     );
 }
