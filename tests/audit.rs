@@ -473,6 +473,7 @@ fn the_kernels_limits_stand_in_for_the_report_on_cri_o_only() {
             pods: vec![p.clone()],
             containers: vec![c.clone()],
             runtime: runtime.into(),
+            ..Default::default()
         };
         let report = audit_tree(&snap, &hierarchy, &root);
         let max = report.containers[0]

@@ -946,6 +946,7 @@ fn audit_over_the_api(cluster: &Cluster, rt: &tokio::runtime::Runtime, store: &P
         pods: vec![p, unknown],
         containers: ctrs,
         runtime: "containerd".into(),
+        ..Default::default()
     };
     let tree = tempfile::tempdir().unwrap();
     let root = tree.path();

@@ -20,6 +20,7 @@ pub use tools::{run_audit, run_explain, AuditArgs, ExplainArgs};
 /// blocking pool (the NRI trunk and the monitor have their own threads).
 fn runtime() -> Result<tokio::runtime::Runtime, AppError> {
     one_malloc_arena();
+    large_allocations_mapped();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -35,6 +36,20 @@ fn one_malloc_arena() {
     // runtime starts any thread.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+/// glibc serves an allocation of 128 KiB or more with a mapping of its
+/// own, returned on free, but raises that threshold to the largest one
+/// freed (up to 32 MiB), after which a Synchronize's 4 MiB messages and
+/// its held buffer come from the heap and stay resident after it. Fixed
+/// at its default, they always go back.
+fn large_allocations_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; called before the
+    // runtime starts any thread.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
     }
 }
 

@@ -180,8 +180,8 @@ fn env_sets_each_field() {
         ("NRI_QOS_PLUGIN_LOG_LEVEL", "nri_qos=debug", |c| {
             c.plugin.log_level == "nri_qos=debug"
         }),
-        ("NRI_QOS_PLUGIN_SYNC_BUDGET_MIB", "8", |c| {
-            c.plugin.sync_budget_bytes() == 8 << 20
+        ("NRI_QOS_PLUGIN_SYNC_BUDGET_MIB", "16", |c| {
+            c.plugin.sync_budget_bytes() == 16 << 20
         }),
         ("NRI_QOS_PLUGIN_LOG_FILE", "/var/log/q.log", |c| {
             c.plugin.log_file.as_deref() == Some(Path::new("/var/log/q.log"))
