@@ -34,6 +34,7 @@ pub struct NodeFacts {
 pub mod cluster;
 pub mod registry;
 pub mod relax;
+pub mod runtime;
 
 /// Locks `m` even when a holder panicked: our shared maps and links stay
 /// usable after a writer panicked mid-update, which matters less than
