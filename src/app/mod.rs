@@ -52,6 +52,7 @@ pub fn run_monitor(args: MonitorArgs) -> Result<(), AppError> {
     )
     .context("setting up logging")?;
     let (cfg, paths) = (settings.monitor, settings.paths);
+    crate::node::require_cgroup_v2("the pressure monitor", &paths.cgroup_root)?;
     if cfg.throttle.relax_via == RelaxVia::Runtime {
         tracing::warn!("throttle.relax-via = \"runtime\" needs the plugin's NRI session; the monitor alone writes the cgroup file");
     }
@@ -168,13 +169,13 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
             ));
         }
         if !node.cgroup_v2 {
-            tracing::warn!(
-                cgroup_root = %cfg.node.cgroup_root.display(),
-                "cgroup v1 node: cpu.weight and memory.min/low/high are skipped (runc rejects unified keys there), \
-                 the hierarchy keeper is off; CPU clamps and oom_score_adj still apply"
-            );
+            tracing::warn!("{}", crate::node::cgroup_v1_notice(&cfg.node.cgroup_root));
         }
-        if cfg.plugin.with_monitor {
+        let with_monitor = cfg.plugin.with_monitor
+            && crate::node::require_cgroup_v2("the pressure monitor", &cfg.node.cgroup_root)
+                .map_err(|e| tracing::error!(error = %e, "pressure monitor not started"))
+                .is_ok();
+        if with_monitor {
             let pods: Arc<dyn crate::node::registry::PodRegistry> = plugin.registry();
             let paths = cfg.monitor_paths();
             let monitor_cfg = cfg.monitor_config();
