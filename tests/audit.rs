@@ -13,6 +13,7 @@ use nri_qos::audit;
 use nri_qos::cgroup::HierarchyConfig;
 use nri_qos::node::cgroupfs::Owner;
 use nri_qos::node::registry::{ContainerRequests, RequestSource};
+use nri_qos::node::runtime::RuntimeQuirks;
 use nri_qos::nri::convert;
 use nri_qos::nri::proto::api;
 use nri_qos::qos::{self, NodeFacts};
@@ -98,6 +99,7 @@ fn audit_tree(
 ) -> audit::AuditReport {
     audit::audit(
         snap,
+        &quirks(snap),
         &NODE,
         &Default::default(),
         hierarchy,
@@ -105,6 +107,11 @@ fn audit_tree(
         Path::new("/nonexistent"),
         None,
     )
+}
+
+/// The runtime's quirks as its name alone tells them (version unknown).
+fn quirks(snap: &audit::Snapshot) -> RuntimeQuirks {
+    RuntimeQuirks::decide(&snap.runtime, "", "", true)
 }
 
 /// The exact requests of the pods audit listed from the API server.
@@ -140,6 +147,7 @@ fn api_server_requests_are_checked_as_ours() {
     let with_api = |root: &Path| {
         audit::audit(
             &snap,
+            &quirks(&snap),
             &NODE,
             &Default::default(),
             &HierarchyConfig::default(),
@@ -274,8 +282,9 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
             },
         )
         .await;
-    let snap = collect.await.unwrap().expect("snapshot");
+    let (snap, quirks) = collect.await.unwrap().expect("snapshot");
     sync.expect("the audit answers Synchronize before it hangs up");
+    assert_eq!(quirks, RuntimeQuirks::decide("", "", "", false));
     assert_eq!(snap.containers.len(), 3);
 
     // Hierarchy values as the keeper would write them.

@@ -183,7 +183,7 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
         cfg.node.memory_allocatable,
     )?;
     let rt = super::runtime()?;
-    let snap = rt.block_on(crate::audit::collect(
+    let (snap, quirks) = rt.block_on(crate::audit::collect(
         &cfg.plugin.socket,
         Duration::from_secs(args.timeout_seconds),
         cfg.plugin.sync_budget_bytes(),
@@ -192,6 +192,7 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
     let (api_pods, api_note) = list_api_pods(&cfg, &rt, &snap, limit);
     let mut report = crate::audit::audit(
         &snap,
+        &quirks,
         &node,
         &cfg.policy,
         &cfg.hierarchy,

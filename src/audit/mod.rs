@@ -18,10 +18,12 @@ use crate::cgroup::plan::{self, PodProtection};
 use crate::cgroup::HierarchyConfig;
 use crate::node::cgroupfs::{exceeds, read_protection, read_trimmed, relaxed_in_tree, Owner};
 use crate::node::layout::{container_cgroup_dir, pod_cgroups};
-use crate::node::registry::{ContainerRequests, RequestSource};
+use crate::node::registry::{within_pod_limit, ContainerRequests, RequestSource};
+use crate::node::runtime::RuntimeQuirks;
 use crate::nri::convert;
 use crate::nri::proto::api;
 use crate::nri::session::SessionError;
+use crate::nri::view::{self, Source};
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
 mod collect;
@@ -118,10 +120,13 @@ fn owned(mut c: Check, owner: Owner) -> Check {
 }
 
 /// Compares policy and kernel for every container and kubelet-owned cgroup.
-/// `api_pods`: the exact requests of the pods listed from the API server
-/// (by the runtime's pod UID), which the plugin's policy takes too.
+/// `quirks`: the runtime's, from its Configure, read as the plugin reads
+/// them. `api_pods`: the exact requests of the pods listed from the API
+/// server (by the runtime's pod UID), which the plugin's policy takes too.
+#[allow(clippy::too_many_arguments)]
 pub fn audit(
     snap: &Snapshot,
+    quirks: &RuntimeQuirks,
     node: &NodeFacts,
     policy: &PolicyConfig,
     hierarchy: &HierarchyConfig,
@@ -130,20 +135,20 @@ pub fn audit(
     api_pods: Option<&dyn ContainerRequests>,
 ) -> AuditReport {
     let mut report = AuditReport::default();
-    let forgets_resizes = crate::nri::plugin::forgets_resizes(&snap.runtime);
     let pods: HashMap<&str, &api::PodSandbox> =
         snap.pods.iter().map(|p| (p.id.as_str(), p)).collect();
+    let rules = (node, policy);
     // Which pods the kubelet's Memory QoS protects, by the plugin's rules:
     // its keys on a container, the operator's setting, a pod cgroup
     // holding more protection than our policy would give it, or a running
     // container's cgroup holding a key we would not set.
     let auto = policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto;
-    let ours =
-        crate::nri::plugin::own_pod_protection(&snap.containers, &pods, node, policy, api_pods);
-    let hidden = crate::nri::plugin::pods_with_hidden_kubelet_keys(
+    let ours = view::own_pod_protection(&snap.containers, &pods, quirks, rules, api_pods);
+    let hidden = view::pods_with_hidden_kubelet_keys(
         &snap.containers,
         &pods,
-        (node, policy),
+        quirks,
+        rules,
         cgroup_root,
         api_pods,
     );
@@ -157,7 +162,8 @@ pub fn audit(
         kubelet_pods.insert(p.id.as_str(), tree);
     }
     for c in &snap.containers {
-        if qos::policy::kubelet_memory_qos_keys(&convert::container_from_wire(c).resources) {
+        let facts = view::container_facts(c, Source::Reported, quirks);
+        if qos::policy::kubelet_memory_qos_keys(&facts.resources) {
             kubelet_pods.insert(c.pod_sandbox_id.as_str(), true);
         }
     }
@@ -177,18 +183,16 @@ pub fn audit(
         let mut pod_facts = convert::pod_from_wire(pod);
         let kubelet_pod = kubelet_pods.get(pod.id.as_str()).copied().unwrap_or(false);
         pod_facts.kubelet_memory_qos = kubelet_pod;
-        let mut facts = convert::container_from_wire(c);
-        facts.api_memory_request =
-            api_pods.and_then(|a| a.container_request(&pod_facts.uid, &facts.name));
         // What the plugin decided from after a resize the runtime forgot;
         // elsewhere a memory.max or cpu.max unlike the report is drift.
-        if let Some(r) = forgets_resizes
-            .then(|| crate::nri::plugin::limits_from_kernel(cgroup_root, c))
-            .flatten()
-        {
-            facts.resources = convert::resources_from_wire(&r);
-        }
-        let d = qos::decide(&pod_facts, &facts, node, policy);
+        let kernel = quirks
+            .forgets_resizes
+            .then(|| view::limits_from_kernel(cgroup_root, c))
+            .flatten();
+        let source = kernel
+            .as_ref()
+            .map_or(Source::Reported, Source::KernelLimits);
+        let (facts, d) = view::decide(&pod_facts, c, source, quirks, rules, api_pods);
         let eff = qos::policy::effective(&facts.resources, &d.adjustment);
         let bytes = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok());
         let e = protection.entry(c.pod_sandbox_id.as_str()).or_default();
@@ -310,7 +314,9 @@ pub fn audit(
                     let on_disk = read_protection(&cgroup_root.join(&cgroups.pod));
                     (on_disk.min, on_disk.low)
                 } else {
-                    protection.get(p.id.as_str()).copied().unwrap_or_default()
+                    let (min, low) = protection.get(p.id.as_str()).copied().unwrap_or_default();
+                    let limit = view::pod_memory_limit(&convert::pod_from_wire(p));
+                    (within_pod_limit(min, limit), within_pod_limit(low, limit))
                 };
                 Some(PodProtection {
                     cgroups,

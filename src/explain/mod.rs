@@ -268,6 +268,9 @@ pub fn explain_with(
             },
             oom_score_adj: Some(oom),
             api_memory_request: api_facts.as_ref().and_then(|f| f.container_request(name)),
+            // A runtime that shows plugins the kubelet's keys (containerd
+            // 2.2, CRI-O 1.34 and later).
+            unified_shown: true,
             ..Default::default()
         };
         let d = policy::decide(&pod_facts, &facts, &node_facts, cfg);

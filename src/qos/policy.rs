@@ -257,20 +257,15 @@ pub fn kubelet_memory_qos_keys(r: &Resources) -> bool {
     })
 }
 
-/// Whether the runtime showed the CRI's `unified` map in `r`: then every
-/// key the kubelet sent is in it (it sends memory.oom.group on cgroup v2
-/// too), and a key not there was not set. A map with only keys nri-qos sets
-/// itself may hide one (NRI before v0.10, containerd 1.7 and 2.1, shows
-/// plugins none of the CRI's keys).
-pub fn runtime_shows_unified(r: &Resources) -> bool {
-    r.unified
-        .keys()
-        .any(|k| !matches!(k.as_str(), "cpu.weight" | "memory.high"))
-}
-
 /// Whether the kubelet protects this container's memory, and whether it may
-/// have set memory.high where we cannot see it.
-fn kubelet_protection(pod: &PodFacts, cur: &Resources, cfg: &PolicyConfig) -> (bool, bool) {
+/// have set memory.high where we cannot see it (`unified_shown`: see
+/// [`ContainerFacts::unified_shown`]).
+fn kubelet_protection(
+    pod: &PodFacts,
+    cur: &Resources,
+    unified_shown: bool,
+    cfg: &PolicyConfig,
+) -> (bool, bool) {
     let visible = kubelet_memory_qos_keys(cur);
     let protects = match cfg.kubelet_memory_qos {
         KubeletMemoryQos::None => visible,
@@ -279,7 +274,7 @@ fn kubelet_protection(pod: &PodFacts, cur: &Resources, cfg: &PolicyConfig) -> (b
     };
     // No memory.high in a map the runtime shows means none was set.
     let hidden_high = protects
-        && !runtime_shows_unified(cur)
+        && !unified_shown
         && match cfg.kubelet_memory_qos {
             KubeletMemoryQos::Alpha | KubeletMemoryQos::Auto => true,
             KubeletMemoryQos::Tiered | KubeletMemoryQos::None => false,
@@ -358,7 +353,8 @@ pub fn decide(
         let protected = request
             .map(|r| f::page_align_down(limit.map_or(r, |l| r.min(l)), page))
             .filter(|r| *r > 0);
-        let (kubelet_protects, kubelet_high_hidden) = kubelet_protection(pod, cur, cfg);
+        let (kubelet_protects, kubelet_high_hidden) =
+            kubelet_protection(pod, cur, container.unified_shown, cfg);
         // Said once per pod cgroup where ownership is decided, not per container.
         if let Some(r) = protected.filter(|_| !kubelet_protects) {
             let key = match (cfg.memory_reservation, class) {
@@ -613,7 +609,7 @@ mod tests {
             Vector { weight: Some(303), low: Some(16 * GI), high: Some(32_641_748_992), oom: Some(3), ..v("§2 GetContainerOOMScoreAdjust: 1000 − 1000·16Gi/16Gi = 0 → floor 3", pod(B, &ann(REQ, "16Gi")), ctr(4096, 800_000, 32 * GI, 0), Burstable) },
             Vector { weight: Some(17), low: Some(MI), high: Some(60_502_016), oom: Some(999), ..v("§2 GetContainerOOMScoreAdjust: 1000 − ⌊1000·1Mi/16Gi⌋ = 1000 → 999", pod(B, &ann(REQ, "1Mi")), ctr(102, 20_000, 64 * MI, 0), Burstable) },
             Vector { weight: Some(17), low: Some(128 * MI), high: Some(335_544_320), cfg: PolicyConfig { memory_throttling_factor: 0.5, ..Default::default() }, ..v("§4 KEP-2570 memory.high with memoryThrottlingFactor 0.5: 128Mi + 0.5·384Mi", pod(B, &ann(REQ, "128Mi")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
-            Vector { weight: Some(35), high: Some(510_025_728), ..v("§5 route 1: request from the kubelet's MemoryQoS unified memory.min (kept; the kubelet owns protection, so no memory.low of ours)", pod(B, &[]), ContainerFacts { resources: Resources { unified: BTreeMap::from([("memory.min".into(), (256 * MI).to_string())]), ..ctr(256, 50_000, 512 * MI, 985).resources }, ..ctr(256, 50_000, 512 * MI, 985) }, Burstable) },
+            Vector { weight: Some(35), high: Some(510_025_728), ..v("§5 route 1: request from the kubelet's MemoryQoS unified memory.min (kept; the kubelet owns protection, so no memory.low of ours)", pod(B, &[]), ContainerFacts { resources: Resources { unified: BTreeMap::from([("memory.min".into(), (256 * MI).to_string())]), ..ctr(256, 50_000, 512 * MI, 985).resources }, unified_shown: true, ..ctr(256, 50_000, 512 * MI, 985) }, Burstable) },
             Vector { weight: Some(35), low: Some(512 * MI), ..v("§4 protection never above memory.max: a 1Gi request annotation on a 512Mi limit is capped, request == limit sets no memory.high", pod(B, &ann(REQ, "1Gi")), ctr(256, 50_000, 512 * MI, 985), Burstable) },
             Vector { oom: Some(-998), ..v("§8 row 14 pod sandbox (pause): -998, no cgroup values", pod(B, &[]), ContainerFacts { annotations: BTreeMap::from([(CONTAINER_TYPE_ANNOTATION.into(), "sandbox".into())]), ..ctr(2, 0, 0, 0) }, Burstable) },
         ]
@@ -773,6 +769,8 @@ mod tests {
                 let limit = base.resources.memory_limit.map(|l| l as u64);
                 let mut c = base.clone();
                 c.resources.unified = kubelet_unified(k, *class, *req, limit);
+                // A runtime that shows them (NRI v0.10 on).
+                c.unified_shown = true;
                 let sent = c.resources.unified.clone();
                 let d = decide(&pod(parent, &[]), &c, &NODE, &Default::default());
                 let ctx = format!("{k:?} {class:?} {d:?}");
