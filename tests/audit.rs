@@ -497,3 +497,89 @@ fn the_kernels_limits_stand_in_for_the_report_on_cri_o_only() {
         );
     }
 }
+
+/// After a restart containerd 2.2/2.3 report the container's `unified` map
+/// with nri-qos's own adjustment merged in; audit reads it as the plugin
+/// does (the keys its annotation names are nri-qos's), so nothing is taken
+/// for the kubelet's and the tree the plugin and keeper wrote shows no drift.
+#[test]
+fn a_restarted_runtimes_merged_report_is_audited_as_the_plugin_reads_it() {
+    use nri_qos::nri::view;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cgroup");
+    let (p, mut c) = burstable_pod();
+    let r = c
+        .linux
+        .mut_or_insert_default()
+        .resources
+        .mut_or_insert_default();
+    r.unified.insert("memory.oom.group".into(), "1".into());
+    write_expected(&root, &p, &c);
+    let q = RuntimeQuirks::decide("containerd", "v2.3.4", "v0.12.0", true);
+    let policy = Default::default();
+    let (_, d) = view::decide(
+        &convert::pod_from_wire(&p),
+        &c,
+        view::Source::Reported,
+        &q,
+        (&NODE, &policy),
+        None,
+    );
+    let adjust = view::create_adjustment(d.adjustment, true);
+    let mut merged = c.clone();
+    merged.annotations.extend(adjust.annotations.clone());
+    let unified = &mut merged
+        .linux
+        .mut_or_insert_default()
+        .resources
+        .mut_or_insert_default()
+        .unified;
+    unified.extend(adjust.linux.resources.unified.clone());
+    assert!(unified.contains_key("memory.low"));
+    let snap = audit::Snapshot {
+        pods: vec![p],
+        containers: vec![merged],
+        runtime: "containerd".into(),
+    };
+    let run = |root: &Path| {
+        audit::audit(
+            &snap,
+            &q,
+            &NODE,
+            &policy,
+            &HierarchyConfig::default(),
+            root,
+            Path::new("/nonexistent"),
+            None,
+        )
+    };
+    // The hierarchy as the keeper wrote it.
+    for h in &run(&root).hierarchy {
+        std::fs::create_dir_all(root.join(&h.cgroup)).unwrap();
+        for ch in &h.checks {
+            let want = ch.expected.as_deref().expect("ours, not the kubelet's");
+            std::fs::write(root.join(&h.cgroup).join(&ch.key), want).unwrap();
+        }
+    }
+    let report = run(&root);
+    let table = audit::render_table(&report);
+    assert_eq!(report.drift, 0, "{table}");
+    assert!(
+        report
+            .hierarchy
+            .iter()
+            .all(|h| h.checks.iter().all(|c| c.owner == Owner::NriQos)),
+        "{table}"
+    );
+    let low = report.containers[0]
+        .checks
+        .iter()
+        .find(|c| c.key == "memory.low")
+        .unwrap();
+    assert_eq!(low.owner, Owner::NriQos, "{table}");
+    assert_eq!(
+        report.containers[0].request_source,
+        Some(RequestSource::OomScoreAdj),
+        "{table}"
+    );
+}
