@@ -179,8 +179,10 @@ impl Plugin for QosPlugin {
         _ctx: &TtrpcContext,
         req: api::UpdatePodSandboxRequest,
     ) -> ttrpc::Result<api::UpdatePodSandboxResponse> {
+        let started = Instant::now();
         self.note_event(api::Event::UPDATE_POD_SANDBOX, EventPath::Dedicated);
         self.pod_resized(&req.pod, req.linux_resources.as_ref());
+        self.metrics.observe_hook(started.elapsed());
         Ok(api::UpdatePodSandboxResponse::new())
     }
 
