@@ -124,14 +124,15 @@ fn is_node_critical(pod: &Pod) -> bool {
 }
 
 /// kubelet `GetContainerOOMScoreAdjust` (policy.go, v1.34 era).
-#[allow(clippy::too_many_arguments)]
+/// `remaining`: the container's share of the pod-level request beyond the
+/// containers' own; `sidecar_cap`: for a sidecar, the smallest regular
+/// container's request, whose score the sidecar's may not exceed.
 pub(super) fn oom_score_adj(
     pod: &Pod,
     class: QosClass,
     mem_request: u64,
     remaining: u64,
-    sidecar: bool,
-    min_regular_request: Option<u64>,
+    sidecar_cap: Option<u64>,
     capacity: u64,
 ) -> i64 {
     if is_node_critical(pod) {
@@ -142,20 +143,14 @@ pub(super) fn oom_score_adj(
         QosClass::BestEffort => return f::BESTEFFORT_OOM_SCORE_ADJ,
         QosClass::Burstable => {}
     }
-    let cap = u128::from(capacity.max(1));
-    let raw =
-        |req: u64| 1000 - (1000 * (u128::from(req) + u128::from(remaining)) / cap).min(2000) as i64;
-    let mut adj = raw(mem_request);
-    if sidecar {
-        if let Some(min_req) = min_regular_request {
-            adj = adj.min(raw(min_req));
-        }
+    // Each request counts with the container's share of the pod-level
+    // request; a sidecar scores no higher than the smallest regular
+    // container. The floor and the 1000 → 999 step are monotone, so the
+    // minimum of the finished scores is the kubelet's minimum before them.
+    let score = |req: u64| f::burstable_oom_score_adj(req.saturating_add(remaining), capacity);
+    let adj = score(mem_request);
+    match sidecar_cap {
+        Some(min_req) => adj.min(score(min_req)),
+        None => adj,
     }
-    if adj < 1000 + f::GUARANTEED_OOM_SCORE_ADJ {
-        return 3;
-    }
-    if adj == 1000 {
-        return 999;
-    }
-    adj
 }

@@ -240,8 +240,7 @@ pub fn explain_with(
             class,
             mem(r),
             remaining,
-            *sidecar,
-            min_regular,
+            min_regular.filter(|_| *sidecar),
             node.memory_capacity,
         );
         // The kubelet's Memory QoS request: the container's own (with the
