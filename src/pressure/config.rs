@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::MonitorError;
+use crate::qos::quantity;
 
 /// A memory threshold: absolute bytes or a percentage of capacity, like the
 /// kubelet's `memory.available<100Mi` / `<5%`. Zero disables it.
@@ -57,26 +58,15 @@ impl std::str::FromStr for Quantity {
             }
             return Ok(Quantity::Percent(v));
         }
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, suffix) = t.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("invalid size {s:?} (want e.g. 100Mi, 1G, 5%)"))?;
-        let mult: u64 = match suffix {
-            "" => 1,
-            "Ki" => 1 << 10,
-            "Mi" => 1 << 20,
-            "Gi" => 1 << 30,
-            "Ti" => 1 << 40,
-            "k" | "K" => 1_000,
-            "M" => 1_000_000,
-            "G" => 1_000_000_000,
-            "T" => 1_000_000_000_000,
-            _ => return Err(format!("unknown size suffix in {s:?}")),
+        // A size is a Kubernetes quantity; `K` (not one of its suffixes) is
+        // also taken for `k`, as this key always has.
+        let size = match t.strip_suffix('K') {
+            Some(n) => format!("{n}k"),
+            None => t.to_string(),
         };
-        n.checked_mul(mult)
+        quantity::parse_bytes(&size)
             .map(Quantity::Bytes)
-            .ok_or_else(|| format!("size {s:?} overflows"))
+            .map_err(|e| format!("invalid size {s:?}: {e} (want e.g. 100Mi, 1G, 5%)"))
     }
 }
 
@@ -375,6 +365,7 @@ mod tests {
         assert!("".parse::<Quantity>().is_err());
         assert!("101%".parse::<Quantity>().is_err());
         assert!("99999999999Ti".parse::<Quantity>().is_err());
+        assert_eq!("1K".parse(), Ok(Quantity::Bytes(1000)));
         assert_eq!(Quantity::Percent(10.0).resolve(1000), 100);
         assert_eq!(Quantity::Bytes(100 << 20).to_string(), "100Mi");
     }
