@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use thiserror::Error;
 
 use super::NodeSpec;
 use crate::node::QosClass;
@@ -35,6 +36,19 @@ pub enum KubeletMode {
     Tiered,
 }
 
+/// A kubelet version and Memory QoS setup that do not go together.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum KubeletSimError {
+    #[error("kubelet version must look like 1.37, not {0:?}")]
+    Version(String),
+    #[error("the alpha Memory QoS (memory.min everywhere) is kubelet 1.27-1.35, not 1.{0}")]
+    AlphaOutsideRange(u32),
+    #[error("TieredReservation needs kubelet 1.36 or later, not 1.{0}")]
+    TieredTooOld(u32),
+    #[error("memory throttling factor must be in (0, 1], not {0}")]
+    ThrottlingFactor(f64),
+}
+
 impl KubeletMemoryQosSim {
     /// Defaults of a kubelet `major.minor` with the given mode (`None`: its
     /// default): before 1.37 the gate is off; 1.37 turns it on with the
@@ -44,32 +58,24 @@ impl KubeletMemoryQosSim {
         version: &str,
         mode: Option<KubeletMode>,
         factor: Option<f64>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, KubeletSimError> {
         let minor = version
             .trim_start_matches('v')
             .strip_prefix("1.")
             .and_then(|m| m.split('.').next())
             .and_then(|m| m.parse::<u32>().ok())
-            .ok_or_else(|| format!("kubelet version must look like 1.37, not {version:?}"))?;
+            .ok_or_else(|| KubeletSimError::Version(version.to_string()))?;
         let mode = mode.unwrap_or_default();
         match mode {
             KubeletMode::Alpha if !(27..=35).contains(&minor) => {
-                return Err(format!(
-                "the alpha Memory QoS (memory.min everywhere) is kubelet 1.27-1.35, not 1.{minor}"
-            ))
+                return Err(KubeletSimError::AlphaOutsideRange(minor))
             }
-            KubeletMode::Tiered if minor < 36 => {
-                return Err(format!(
-                    "TieredReservation needs kubelet 1.36 or later, not 1.{minor}"
-                ))
-            }
+            KubeletMode::Tiered if minor < 36 => return Err(KubeletSimError::TieredTooOld(minor)),
             _ => {}
         }
         if let Some(f) = factor {
             if !(f.is_finite() && f > 0.0 && f <= 1.0) {
-                return Err(format!(
-                    "memory throttling factor must be in (0, 1], not {f}"
-                ));
+                return Err(KubeletSimError::ThrottlingFactor(f));
             }
         }
         let throttling_factor = match (mode, factor) {

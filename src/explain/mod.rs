@@ -28,7 +28,7 @@ use crate::qos::{Adjustment, ContainerFacts, Decision, PodFacts, RequestSource, 
 mod kubelet;
 mod render;
 
-pub use kubelet::{KubeletMemoryQosSim, KubeletMode};
+pub use kubelet::{KubeletMemoryQosSim, KubeletMode, KubeletSimError};
 pub use render::{inversion_table, render_table};
 
 #[derive(Debug, Error)]

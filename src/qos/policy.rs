@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use super::formulas::{self as f, MAX_SHARES, MIN_SHARES};
 use super::quantity;
@@ -85,14 +86,19 @@ impl Default for PolicyConfig {
     }
 }
 
+/// A `[policy]` value serde accepts but the policy cannot use.
+#[derive(Debug, Clone, Copy, PartialEq, Error)]
+pub enum PolicyError {
+    #[error("policy.memory-throttling-factor must be in (0, 1], not {0}")]
+    ThrottlingFactor(f64),
+}
+
 impl PolicyConfig {
     /// Checks values serde cannot; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         let f = self.memory_throttling_factor;
         if !(f.is_finite() && f > 0.0 && f <= 1.0) {
-            return Err(format!(
-                "policy.memory-throttling-factor must be in (0, 1], not {f}"
-            ));
+            return Err(PolicyError::ThrottlingFactor(f));
         }
         Ok(())
     }
