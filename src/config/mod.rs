@@ -364,7 +364,5 @@ pub fn layer_drop_in(
 
 /// [`layer_drop_in`] over `base` as the plugin's [`crate::nri::plugin::DropInLayer`].
 pub fn drop_in_layer(base: PolicyConfig, base_dry_run: bool) -> crate::nri::plugin::DropInLayer {
-    std::sync::Arc::new(move |text: &str| {
-        layer_drop_in(&base, base_dry_run, text).map_err(|e| e.to_string())
-    })
+    std::sync::Arc::new(move |text: &str| Ok(layer_drop_in(&base, base_dry_run, text)?))
 }
