@@ -121,6 +121,8 @@ pub struct MonitorArgs {
     /// node.proc-root, /proc).
     #[arg(long)]
     pub proc_root: Option<PathBuf>,
+    // `--help` prints this text: the brackets name TOML tables, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Config file (default: /etc/nri-qos/nri-qos.toml when it exists); the
     /// monitor uses its [monitor], [throttle] and [node] tables and
     /// plugin.log-level.
