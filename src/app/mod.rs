@@ -45,7 +45,7 @@ pub fn run_monitor(args: MonitorArgs) -> Result<(), AppError> {
         .resolve(config::process_env())
         .context("monitor configuration")?;
     crate::observability::init(
-        &settings.log_format,
+        settings.log_format,
         &settings.log_level,
         None,
         crate::observability::Journal::Off,
@@ -74,7 +74,7 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
     let cfg = Config::for_plugin(&args, config::process_env(), &launch)?;
     let prelaunched = launch.socket_fd.is_some();
     crate::observability::init(
-        &cfg.plugin.log_format,
+        cfg.plugin.log_format,
         &cfg.plugin.log_level,
         cfg.plugin.log_file.as_deref(),
         // The runtime discards a pre-launched plugin's stderr.

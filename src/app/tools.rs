@@ -32,6 +32,8 @@ pub struct ExplainArgs {
     /// Output: table or json.
     #[arg(long, default_value = "table")]
     pub output: String,
+    // `--help` prints this text: the brackets name a TOML table, not a link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Config file whose [policy] to use (default: the built-in defaults).
     #[arg(long)]
     pub config: Option<PathBuf>,

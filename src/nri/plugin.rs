@@ -147,8 +147,13 @@ pub struct QosPlugin {
 
 /// Layers config text the runtime sends in Configure over the plugin's own
 /// and returns the `[policy]` and `plugin.dry-run` to use, or why the text
-/// is refused. The config layering owns it; the app wires it in.
-pub type DropInLayer = Arc<dyn Fn(&str) -> Result<(PolicyConfig, bool), String> + Send + Sync>;
+/// is refused. The config layering owns it (and its error type, a floor
+/// above); the app wires it in.
+pub type DropInLayer = Arc<
+    dyn Fn(&str) -> Result<(PolicyConfig, bool), Box<dyn std::error::Error + Send + Sync>>
+        + Send
+        + Sync,
+>;
 
 /// Waits until `flag` is true, or `limit` passed.
 async fn wait_for(flag: &watch::Sender<bool>, limit: Duration) -> bool {

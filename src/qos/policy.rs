@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use super::formulas::{self as f, MAX_SHARES, MIN_SHARES};
 use super::quantity;
@@ -85,14 +86,19 @@ impl Default for PolicyConfig {
     }
 }
 
+/// A `[policy]` value serde accepts but the policy cannot use.
+#[derive(Debug, Clone, Copy, PartialEq, Error)]
+pub enum PolicyError {
+    #[error("policy.memory-throttling-factor must be in (0, 1], not {0}")]
+    ThrottlingFactor(f64),
+}
+
 impl PolicyConfig {
     /// Checks values serde cannot; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         let f = self.memory_throttling_factor;
         if !(f.is_finite() && f > 0.0 && f <= 1.0) {
-            return Err(format!(
-                "policy.memory-throttling-factor must be in (0, 1], not {f}"
-            ));
+            return Err(PolicyError::ThrottlingFactor(f));
         }
         Ok(())
     }
@@ -200,11 +206,7 @@ pub fn memory_request(
             r => (Some(r), RequestSource::ApiServer),
         };
     }
-    let limit = container
-        .resources
-        .memory_limit
-        .and_then(|l| u64::try_from(l).ok())
-        .filter(|l| *l > 0);
+    let limit = memory_limit(&container.resources);
     match class {
         QosClass::BestEffort => (None, RequestSource::BestEffort),
         QosClass::Guaranteed => match limit {
@@ -289,150 +291,205 @@ pub fn decide(
     node: &NodeFacts,
     cfg: &PolicyConfig,
 ) -> Decision {
-    let mut notes = Vec::new();
     let (class, reason) = classify(pod, container);
-    let mut adj = Adjustment::default();
-    let cur = &container.resources;
-
     if is_sandbox(container) {
-        if cfg.oom_score_adj && container.oom_score_adj != Some(f::SANDBOX_OOM_SCORE_ADJ) {
-            adj.oom_score_adj = Some(f::SANDBOX_OOM_SCORE_ADJ);
-        }
-        return Decision {
-            class,
-            reason: format!("{reason}; pod sandbox"),
-            memory_request: None,
-            request_source: RequestSource::Unknown,
-            cpu_request_milli: 0,
-            adjustment: adj,
-            notes,
-        };
+        return sandbox_decision(container, cfg, class, reason);
     }
-
+    let mut notes = Vec::new();
     let (request, source) = memory_request(pod, container, class, node, &mut notes);
     let page = node.page_size.max(1);
-    let request = request.map(|r| f::page_align_down(r, page));
-
-    // CPU.
-    let shares = cur.cpu_shares.unwrap_or(MIN_SHARES);
-    let clamped = shares.clamp(MIN_SHARES, MAX_SHARES);
+    let cur = &container.resources;
+    let shares = clamped_shares(cur);
+    let mut d = Decision {
+        class,
+        reason,
+        memory_request: request.map(|r| f::page_align_down(r, page)),
+        request_source: source,
+        cpu_request_milli: f::shares_to_milli_cpu(shares),
+        adjustment: Adjustment::default(),
+        notes,
+    };
     if cfg.clamp_cpu {
-        if cur.cpu_shares.is_some() && clamped != shares {
-            notes.push(format!("cpu shares {shares} clamped to {clamped}"));
-            adj.cpu_shares = Some(clamped);
-        }
-        if let Some(q) = cur.cpu_quota {
-            if q > 0 && q < f::MIN_QUOTA {
-                notes.push(format!(
-                    "cpu quota {q} raised to the {} µs minimum",
-                    f::MIN_QUOTA
-                ));
-                adj.cpu_quota = Some(f::MIN_QUOTA);
-                if cur.cpu_period.is_none() {
-                    adj.cpu_period = Some(f::QUOTA_PERIOD);
-                }
-            }
-        }
-    }
-
-    if node.cgroup_v2 {
-        let weight = match cfg.cpu_weight {
-            WeightConversion::Quadratic => Some(f::cpu_weight_quadratic(clamped)),
-            WeightConversion::Linear => Some(f::cpu_weight_linear(clamped)),
-            WeightConversion::Off => None,
-        };
-        if let Some(w) = weight {
-            set_unified(&mut adj, cur, "cpu.weight", w.to_string());
-        }
-
-        let limit = cur
-            .memory_limit
-            .and_then(|l| u64::try_from(l).ok())
-            .filter(|l| *l > 0);
-        // Cap at the limit first, then align: memory.min ≤ memory.max and whole pages.
-        let protected = request
-            .map(|r| f::page_align_down(limit.map_or(r, |l| r.min(l)), page))
-            .filter(|r| *r > 0);
-        let (kubelet_protects, kubelet_high_hidden) =
-            kubelet_protection(pod, cur, container.unified_shown, cfg);
-        // Said once per pod cgroup where ownership is decided, not per container.
-        if let Some(r) = protected.filter(|_| !kubelet_protects) {
-            let key = match (cfg.memory_reservation, class) {
-                (Reservation::None, _) | (_, QosClass::BestEffort) => None,
-                (Reservation::Tiered, QosClass::Burstable) => Some("memory.low"),
-                _ => Some("memory.min"),
-            };
-            if let Some(k) = key {
-                set_unified(&mut adj, cur, k, r.to_string());
-            }
-        }
-
-        let opted_out = pod
-            .annotations
-            .get(MEMORY_HIGH_ANNOTATION)
-            .is_some_and(|v| v.eq_ignore_ascii_case("off") || v == "false");
-        // BestEffort's request is 0 by definition; a Burstable request we could
-        // not recover gets no memory.high, since a guess could throttle the
-        // container below what it asked for.
-        let high_base = match class {
-            QosClass::BestEffort => Some(0),
-            QosClass::Burstable => protected.or(request),
-            QosClass::Guaranteed => None,
-        };
-        if cfg.memory_high && class == QosClass::Burstable && high_base.is_none() {
-            notes.push("memory request unknown: memory.high left unset".into());
-        }
-        let opted_out = opted_out || kubelet_high_hidden;
-        if let (true, false, Some(req)) = (cfg.memory_high, opted_out, high_base) {
-            if let Some(h) = f::memory_high(
-                req,
-                limit,
-                node.memory_allocatable,
-                cfg.memory_throttling_factor,
-                page,
-            ) {
-                set_unified(&mut adj, cur, "memory.high", h.to_string());
-            }
-        }
+        clamp_cpu(cur, shares, &mut d);
     }
     // cgroup v1: no unified keys (runc rejects them). Said once at start by
     // the plugin, not per container.
-
+    if node.cgroup_v2 {
+        set_cpu_weight(cur, cfg, shares, &mut d.adjustment);
+        set_memory(pod, container, node, cfg, &mut d);
+    }
     if cfg.oom_score_adj {
-        let given = container.oom_score_adj;
-        let want = match class {
-            QosClass::Guaranteed => Some(given.map_or(f::GUARANTEED_OOM_SCORE_ADJ, |g| {
-                // Lower values (system daemons, node-critical pods) stay.
-                g.min(f::GUARANTEED_OOM_SCORE_ADJ)
-            })),
-            QosClass::BestEffort => Some(f::BESTEFFORT_OOM_SCORE_ADJ),
-            // The kubelet's value already accounts for sidecars, pod-level
-            // requests and critical pods, which we cannot see: keep it when
-            // it is a Burstable value; compute one only when it is not.
-            QosClass::Burstable => match given {
-                Some(g) if (3..=999).contains(&g) || g == f::GUARANTEED_OOM_SCORE_ADJ => None,
-                _ => Some(f::burstable_oom_score_adj(
-                    request.unwrap_or(0),
-                    node.memory_capacity,
-                )),
-            },
-        };
-        if let Some(w) = want.map(|w| w.clamp(-1000, 1000)) {
-            if given != Some(w) {
-                adj.oom_score_adj = Some(w);
-            }
+        d.adjustment.oom_score_adj = oom_score_adj(container, node, d.class, d.memory_request);
+    }
+    d
+}
+
+/// The pod sandbox (pause) container gets only its oom_score_adj.
+fn sandbox_decision(
+    container: &ContainerFacts,
+    cfg: &PolicyConfig,
+    class: QosClass,
+    reason: String,
+) -> Decision {
+    let mut adj = Adjustment::default();
+    if cfg.oom_score_adj && container.oom_score_adj != Some(f::SANDBOX_OOM_SCORE_ADJ) {
+        adj.oom_score_adj = Some(f::SANDBOX_OOM_SCORE_ADJ);
+    }
+    Decision {
+        class,
+        reason: format!("{reason}; pod sandbox"),
+        memory_request: None,
+        request_source: RequestSource::Unknown,
+        cpu_request_milli: 0,
+        adjustment: adj,
+        notes: Vec::new(),
+    }
+}
+
+/// The CPU shares as the kernel takes them (the minimum when unset).
+fn clamped_shares(cur: &Resources) -> u64 {
+    cur.cpu_shares
+        .unwrap_or(MIN_SHARES)
+        .clamp(MIN_SHARES, MAX_SHARES)
+}
+
+/// Brings shares and quota into the range the kernel accepts.
+fn clamp_cpu(cur: &Resources, clamped: u64, d: &mut Decision) {
+    if let Some(shares) = cur.cpu_shares.filter(|s| *s != clamped) {
+        d.notes
+            .push(format!("cpu shares {shares} clamped to {clamped}"));
+        d.adjustment.cpu_shares = Some(clamped);
+    }
+    if let Some(q) = cur.cpu_quota.filter(|q| *q > 0 && *q < f::MIN_QUOTA) {
+        d.notes.push(format!(
+            "cpu quota {q} raised to the {} µs minimum",
+            f::MIN_QUOTA
+        ));
+        d.adjustment.cpu_quota = Some(f::MIN_QUOTA);
+        if cur.cpu_period.is_none() {
+            d.adjustment.cpu_period = Some(f::QUOTA_PERIOD);
+        }
+    }
+}
+
+/// cpu.weight from the shares, by the configured conversion.
+fn set_cpu_weight(cur: &Resources, cfg: &PolicyConfig, shares: u64, adj: &mut Adjustment) {
+    let weight = match cfg.cpu_weight {
+        WeightConversion::Quadratic => Some(f::cpu_weight_quadratic(shares)),
+        WeightConversion::Linear => Some(f::cpu_weight_linear(shares)),
+        WeightConversion::Off => None,
+    };
+    if let Some(w) = weight {
+        set_unified(adj, cur, "cpu.weight", w.to_string());
+    }
+}
+
+/// The memory limit in bytes, when one is set.
+fn memory_limit(r: &Resources) -> Option<u64> {
+    r.memory_limit
+        .and_then(|l| u64::try_from(l).ok())
+        .filter(|l| *l > 0)
+}
+
+/// memory.min or memory.low from the request (unless the kubelet protects
+/// the container itself), and memory.high (KEP-2570).
+fn set_memory(
+    pod: &PodFacts,
+    container: &ContainerFacts,
+    node: &NodeFacts,
+    cfg: &PolicyConfig,
+    d: &mut Decision,
+) {
+    let cur = &container.resources;
+    let page = node.page_size.max(1);
+    let limit = memory_limit(cur);
+    // Cap at the limit first, then align: memory.min ≤ memory.max and whole pages.
+    let protected = d
+        .memory_request
+        .map(|r| f::page_align_down(limit.map_or(r, |l| r.min(l)), page))
+        .filter(|r| *r > 0);
+    let (kubelet_protects, kubelet_high_hidden) =
+        kubelet_protection(pod, cur, container.unified_shown, cfg);
+    // Said once per pod cgroup where ownership is decided, not per container.
+    if let Some(r) = protected.filter(|_| !kubelet_protects) {
+        if let Some(k) = protection_key(cfg.memory_reservation, d.class) {
+            set_unified(&mut d.adjustment, cur, k, r.to_string());
         }
     }
 
-    Decision {
-        class,
-        reason,
-        memory_request: request,
-        request_source: source,
-        cpu_request_milli: f::shares_to_milli_cpu(clamped),
-        adjustment: adj,
-        notes,
+    let high_base = memory_high_base(d.class, protected, d.memory_request);
+    if cfg.memory_high && d.class == QosClass::Burstable && high_base.is_none() {
+        d.notes
+            .push("memory request unknown: memory.high left unset".into());
     }
+    let opted_out = opted_out_of_memory_high(pod) || kubelet_high_hidden;
+    if let (true, false, Some(req)) = (cfg.memory_high, opted_out, high_base) {
+        if let Some(h) = f::memory_high(
+            req,
+            limit,
+            node.memory_allocatable,
+            cfg.memory_throttling_factor,
+            page,
+        ) {
+            set_unified(&mut d.adjustment, cur, "memory.high", h.to_string());
+        }
+    }
+}
+
+/// The unified key a class's protected request goes into.
+fn protection_key(reservation: Reservation, class: QosClass) -> Option<&'static str> {
+    match (reservation, class) {
+        (Reservation::None, _) | (_, QosClass::BestEffort) => None,
+        (Reservation::Tiered, QosClass::Burstable) => Some("memory.low"),
+        _ => Some("memory.min"),
+    }
+}
+
+/// The request memory.high is computed from. BestEffort's request is 0 by
+/// definition; a Burstable request we could not recover gets no memory.high,
+/// since a guess could throttle the container below what it asked for.
+fn memory_high_base(class: QosClass, protected: Option<u64>, request: Option<u64>) -> Option<u64> {
+    match class {
+        QosClass::BestEffort => Some(0),
+        QosClass::Burstable => protected.or(request),
+        QosClass::Guaranteed => None,
+    }
+}
+
+/// The pod's `memory-high.qos.nri-qos.io: "off"` (or `"false"`) annotation.
+fn opted_out_of_memory_high(pod: &PodFacts) -> bool {
+    pod.annotations
+        .get(MEMORY_HIGH_ANNOTATION)
+        .is_some_and(|v| v.eq_ignore_ascii_case("off") || v == "false")
+}
+
+/// The oom_score_adj to set, when it differs from what the runtime was asked for.
+fn oom_score_adj(
+    container: &ContainerFacts,
+    node: &NodeFacts,
+    class: QosClass,
+    request: Option<u64>,
+) -> Option<i64> {
+    let given = container.oom_score_adj;
+    let want = match class {
+        QosClass::Guaranteed => Some(given.map_or(f::GUARANTEED_OOM_SCORE_ADJ, |g| {
+            // Lower values (system daemons, node-critical pods) stay.
+            g.min(f::GUARANTEED_OOM_SCORE_ADJ)
+        })),
+        QosClass::BestEffort => Some(f::BESTEFFORT_OOM_SCORE_ADJ),
+        // The kubelet's value already accounts for sidecars, pod-level
+        // requests and critical pods, which we cannot see: keep it when
+        // it is a Burstable value; compute one only when it is not.
+        QosClass::Burstable => match given {
+            Some(g) if (3..=999).contains(&g) || g == f::GUARANTEED_OOM_SCORE_ADJ => None,
+            _ => Some(f::burstable_oom_score_adj(
+                request.unwrap_or(0),
+                node.memory_capacity,
+            )),
+        },
+    };
+    want.map(|w| w.clamp(-1000, 1000))
+        .filter(|w| given != Some(*w))
 }
 
 /// One unified key of [`effective`] (ours over the runtime's), without
