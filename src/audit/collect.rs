@@ -11,6 +11,7 @@ use ttrpc::r#async::TtrpcContext;
 
 use super::{AuditError, Snapshot};
 use crate::node::lock;
+use crate::node::runtime::RuntimeQuirks;
 use crate::nri::lean_sync::{self, Object};
 use crate::nri::proto::{api, api_ttrpc};
 use crate::nri::reassembly::SyncReassembler;
@@ -18,7 +19,7 @@ use crate::nri::session::{self, Identity};
 
 struct SnapshotPlugin {
     partial: Mutex<SyncReassembler>,
-    runtime: Mutex<String>,
+    runtime: Mutex<RuntimeQuirks>,
     done: Mutex<Option<oneshot::Sender<Snapshot>>>,
 }
 
@@ -31,7 +32,7 @@ impl lean_sync::SynchronizeEncoded for SnapshotPlugin {
         ctx: &TtrpcContext,
         payload: Vec<u8>,
     ) -> ttrpc::Result<Vec<u8>> {
-        let timeout = crate::nri::plugin::request_timeout(ctx);
+        let timeout = crate::nri::session::request_timeout(ctx);
         let whole = lock(&self.partial).push(&payload, timeout, Instant::now());
         drop(payload);
         let whole = whole.map_err(lean_sync::invalid_request)?;
@@ -69,7 +70,13 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
         _ctx: &TtrpcContext,
         req: api::ConfigureRequest,
     ) -> ttrpc::Result<api::ConfigureResponse> {
-        *lock(&self.runtime) = req.runtime_name;
+        let timeouts = req.request_timeout > 0 || req.registration_timeout > 0;
+        *lock(&self.runtime) = RuntimeQuirks::decide(
+            &req.runtime_name,
+            &req.runtime_version,
+            &req.NRI_version,
+            timeouts,
+        );
         // 0 would mean "every event"; subscribe to one harmless event instead.
         Ok(api::ConfigureResponse {
             events: 1 << (api::Event::REMOVE_POD_SANDBOX as i32 - 1),
@@ -93,7 +100,7 @@ pub async fn collect(
     socket: &Path,
     limit: Duration,
     sync_budget: usize,
-) -> Result<Snapshot, AuditError> {
+) -> Result<(Snapshot, RuntimeQuirks), AuditError> {
     let trunk = tokio::net::UnixStream::connect(socket)
         .await
         .map_err(|source| AuditError::Connect {
@@ -103,7 +110,7 @@ pub async fn collect(
     let (tx, rx) = oneshot::channel();
     let plugin = Arc::new(SnapshotPlugin {
         partial: Mutex::new(SyncReassembler::new(sync_budget, audit_cost)),
-        runtime: Mutex::new(String::new()),
+        runtime: Mutex::new(RuntimeQuirks::default()),
         done: Mutex::new(Some(tx)),
     });
     let identity = Identity {
@@ -127,6 +134,7 @@ pub async fn collect(
         _ = &mut session => {}
         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
     }
-    snap.runtime = lock(&plugin.runtime).clone();
-    Ok(snap)
+    let quirks = lock(&plugin.runtime).clone();
+    snap.runtime = quirks.name.clone();
+    Ok((snap, quirks))
 }
