@@ -541,6 +541,7 @@ fn a_restarted_runtimes_merged_report_is_audited_as_the_plugin_reads_it() {
         pods: vec![p],
         containers: vec![merged],
         runtime: "containerd".into(),
+        ..Default::default()
     };
     let run = |root: &Path| {
         audit::audit(

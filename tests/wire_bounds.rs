@@ -774,7 +774,10 @@ fn small_containers_message(containers: usize) -> Vec<Vec<u8>> {
 /// containers (the reads and updates of a real one), and the most objects
 /// one message can carry; each with more containers than the default
 /// budget admits.
-const EDGES: [(&str, fn(usize) -> Vec<Vec<u8>>, usize); 2] = [
+/// The chunks of a Synchronize of so many containers, encoded.
+type Chunks = fn(usize) -> Vec<Vec<u8>>;
+
+const EDGES: [(&str, Chunks, usize); 2] = [
     ("node-sized containers in chunks", node_sized_chunks, 80_000),
     (
         "small containers in one message",

@@ -534,7 +534,8 @@ mod encoded_updates_tests {
     fn the_answer_keeps_within_one_ttrpc_message() {
         let mut encoded = EncodedUpdates::default();
         let one = update(&"c".repeat(64), "123456789");
-        let n = ttrpc::proto::MESSAGE_LENGTH_MAX / one.compute_size() as usize;
+        let size = usize::try_from(one.compute_size()).unwrap_or(usize::MAX);
+        let n = ttrpc::proto::MESSAGE_LENGTH_MAX / size;
         for i in 0..n {
             encoded.push(i, &one);
         }
