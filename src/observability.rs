@@ -18,8 +18,8 @@ pub enum Journal {
 }
 
 /// Checks a `plugin.log-level` value: a level or tracing filter
-/// (`info`, `nri_qos=debug,warn`). An invalid one used to fall back to
-/// `info` silently.
+/// (`info`, `nri_qos=debug,warn`). An invalid one is an error, not a
+/// silent fall back to `info`.
 pub fn check_level(level: &str) -> Result<(), String> {
     if level.trim().is_empty() {
         return Err("empty log level".into());
