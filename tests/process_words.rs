@@ -30,20 +30,24 @@ const ROOTS: &[&str] = &[
 
 /// Never scanned: downloads and build output of the VM harness, and this
 /// file, whose word list would match itself.
-const SKIPPED: &[&str] = &["tests/e2e/cache", "tests/e2e/work", "tests/process_words.rs"];
+const SKIPPED: &[&str] = &[
+    "tests/e2e/cache",
+    "tests/e2e/work",
+    "tests/process_words.rs",
+];
 
 /// Protocol and product terms that contain a flagged word.
 const ALLOWED: &[&str] = &["nri session", "ttrpc session", "plugin session"];
 
 const ORDINALS: &[&str] = &[
-    "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth",
-    "tenth", "eleventh", "twelfth",
+    "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth",
+    "eleventh", "twelfth",
 ];
 
 /// Words before "used to" that make it the passive ("is used to write").
 const PASSIVE: &[&str] = &[
-    "is", "are", "was", "were", "be", "been", "being", "get", "gets", "got", "it's", "not",
-    "also", "only", "never", "then", "now", "commonly", "often",
+    "is", "are", "was", "were", "be", "been", "being", "get", "gets", "got", "not", "also", "only",
+    "never", "then", "now", "commonly", "often",
 ];
 
 /// One flagged phrase on one line.
