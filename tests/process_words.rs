@@ -17,6 +17,8 @@ const ROOTS: &[&str] = &[
     "build.rs",
     "deny.toml",
     "clippy.toml",
+    "rust-toolchain.toml",
+    ".gitignore",
     ".ci",
     "docs",
     "src",
@@ -25,7 +27,7 @@ const ROOTS: &[&str] = &[
     "scripts",
     "config",
     "examples",
-    "proto/COMPAT.md",
+    "proto",
 ];
 
 /// Never scanned: downloads and build output of the VM harness, and this
