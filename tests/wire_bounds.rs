@@ -4,8 +4,8 @@
 //! nri-qos does not read and ones it does, long strings, deep nesting), for
 //! the plugin and for `nri-qos audit`; and a Synchronize at the budget's
 //! edge, and far past it, answered inside the runtime's 2 s with both cores
-//! busy. Peak memory is the child's VmHWM (for audit, which exits, the
-//! kernel's record of it); what a process keeps is its RssAnon.
+//! busy. Peak memory is the child's VmHWM (for audit, which exits, its last
+//! reading); what a process keeps is its RssAnon.
 //!
 //! The binary measured is `NRI_QOS_BIN`, else the debug build `cargo test`
 //! builds. The memory bounds are growth over the process's own idle

@@ -179,7 +179,7 @@ pub enum DropInError {
 /// `plugin.sync-budget-mib`: a node of 1,000 pods / 3,000 containers takes
 /// about 5.5 MiB, and a Synchronize as large as 8 MiB admits is decided and
 /// answered inside the runtime's 2 s on a loaded 2-core node, 64 MiB's is
-/// not (docs/operations.md, "The Synchronize budget"); 1 GiB would already
+/// not (docs/protocol.md, "The Synchronize budget"); 1 GiB would already
 /// be a peer's attack, not a node.
 pub const DEFAULT_SYNC_BUDGET_MIB: u64 = 8;
 pub const MAX_SYNC_BUDGET_MIB: u64 = 1024;
