@@ -18,7 +18,7 @@
 //! reads ([`policy::reads_pod_annotation`]) and its `linux.cgroup_parent`
 //! and `linux.pod_resources`; a container's id, pod_sandbox_id, name,
 //! state, the annotations the policy reads
-//! ([`policy::reads_container_annotation`]), pid and its
+//! ([`view::reads_container_annotation`]), pid and its
 //! `linux.resources`, `linux.oom_score_adj` and `linux.cgroups_path`; of
 //! resources, memory, cpu and unified. Labels are never read: a peer's
 //! maps of any size cost nothing beyond decoding. Of a map, at most
@@ -35,6 +35,7 @@ use ttrpc::r#async::{MethodHandler, TtrpcContext};
 use super::mux::Services;
 use super::proto::api;
 use super::proto::api_ttrpc::{self, Plugin};
+use super::view;
 use crate::qos::policy;
 
 const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
@@ -401,7 +402,7 @@ fn container_fields(is: &mut Is<'_>, c: &mut api::Container, tag: u32) -> protob
         18 => c.pod_sandbox_id = is.read_string()?,
         26 => c.name = is.read_string()?,
         32 => c.state = is.read_enum_or_unknown()?,
-        50 => map_entry(is, &mut c.annotations, policy::reads_container_annotation)?,
+        50 => map_entry(is, &mut c.annotations, view::reads_container_annotation)?,
         90 => c.linux = Some(message(is, container_linux_fields)?).into(),
         96 => c.pid = is.read_uint32()?,
         _ => skip(is, tag)?,

@@ -406,6 +406,11 @@ mod tests {
             crate::qos::policy::CONTAINER_TYPE_ANNOTATION.into(),
             "sandbox".into(),
         );
+        // nri-qos's own, which tells its `unified` keys from the kubelet's.
+        c.annotations.insert(
+            crate::nri::view::OWN_UNIFIED_ANNOTATION.into(),
+            "memory.low".into(),
+        );
         let wire = chunk(vec![c], false);
         assert!(wire.len() > 500_000);
         let mut r = SyncReassembler::with_objects(4_096, 1_000, bytes_only);
@@ -416,7 +421,7 @@ mod tests {
             done.held.bytes.len()
         );
         let kept = &done.held.decode().unwrap().containers[0];
-        assert_eq!(kept.annotations.len(), 1);
+        assert_eq!(kept.annotations.len(), 2);
         assert!(kept.labels.is_empty());
     }
 

@@ -34,8 +34,7 @@ pub fn reads_pod_annotation(key: &str) -> bool {
         || key.starts_with(MEMORY_REQUEST_ANNOTATION_PREFIX)
 }
 
-/// Whether the policy reads the container annotation `key` (see
-/// [`reads_pod_annotation`]).
+/// Whether the policy reads the container annotation `key`.
 pub fn reads_container_annotation(key: &str) -> bool {
     key == CONTAINER_TYPE_ANNOTATION
 }
