@@ -6,7 +6,7 @@ use std::path::Path;
 use tracing::info;
 
 use super::Keeper;
-use crate::cgroup::plan;
+use crate::keeper::plan;
 use crate::node::cgroupfs::{exceeds, Owner, Protection};
 use crate::qos::KubeletMemoryQos;
 
