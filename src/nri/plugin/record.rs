@@ -51,7 +51,7 @@ impl QosPlugin {
     /// plugin first sees the pod, protection already in its cgroup is the
     /// kubelet's (it writes it before creating the sandbox; we only write a
     /// pod after we know it); later the keeper's decision stands, or the
-    /// after-start check's (`after_start.rs`).
+    /// after-start check's (`kubelet_ownership.rs`).
     pub(super) fn kubelet_owns_pod(
         &self,
         pod_id: &str,
