@@ -18,6 +18,7 @@ use thiserror::Error;
 use tracing::{debug, error, info, warn};
 
 use super::plan::{self, PodProtection, Targets, Write};
+use crate::node::cgroup_files::MEMORY_MIN;
 use crate::node::cgroupfs::{read_populated, read_protection, Owner, Protection};
 use crate::node::layout::{pod_cgroups, PodCgroups};
 use crate::node::registry::{within_pod_limit, Registry};
@@ -343,7 +344,7 @@ impl Keeper {
         let mut kubelet_pods = Vec::new();
         for p in pods {
             let cg = &p.cgroups.pod;
-            if !self.root.join(cg).join("memory.min").exists() {
+            if !self.root.join(cg).join(MEMORY_MIN).exists() {
                 continue;
             }
             let current = self.read_protection(cg);
@@ -381,7 +382,7 @@ impl Keeper {
     fn keep_existing(&self, t: &mut Targets) -> usize {
         let mut missing = 0;
         t.by_cgroup.retain(|cg, _| {
-            let exists = join_inside(&self.root, cg).is_ok_and(|d| d.join("memory.min").exists());
+            let exists = join_inside(&self.root, cg).is_ok_and(|d| d.join(MEMORY_MIN).exists());
             if !exists {
                 missing += 1;
             }
@@ -471,7 +472,7 @@ impl Keeper {
             match self.write(&w) {
                 Ok(()) => {
                     let ours = self.ours.entry(w.cgroup.clone()).or_default();
-                    if w.file == "memory.min" {
+                    if w.file == MEMORY_MIN {
                         ours.min = w.value;
                     } else {
                         ours.low = w.value;
