@@ -404,6 +404,9 @@ prelaunched)
         check plugin.prelaunched PASS "running as pid $pid"
     else
         check plugin.prelaunched FAIL "not running; containerd log: $(grep -i nri /var/log/containerd.log | tail -n 3 | tr '\n' ' ')"
+        # how far the plugin got before containerd gave up on it
+        grep -ai 'nri' /var/log/containerd.log | tail -n 15
+        tail -n 15 /var/log/nri-qos.log 2>/dev/null
         rc=1
     fi
     ;;
@@ -707,7 +710,7 @@ for s in $E2E_SCENARIOS; do
     *@*) [ "${s#*@}" = "$E2E_CONTAINERD" ] || continue; s="${s%@*}" ;;
     esac
     info "scenario $s: start"
-    opens_clear
+    opens_start "$s"
     scenario_pids="$(pid_of /opt/nri/plugins/10-nri-qos) $plugin_pid"
     wants_swap "$s" && swap_on
     [ "$s" = kubeapi ] && kube_pods
@@ -737,12 +740,14 @@ for s in $E2E_SCENARIOS; do
         [ "$s" = kubeletqos ] && kubelet_qos_window
         [ "$s" = throttle ] && { throttle_relax_route "$log_from"; throttle_psi_only "$log_from"; }
         [ "$s" = kubeapi ] && kube_checks "$log_from"
-        [ "$s" = swap ] && swap_checks "$log_from" "$scenario_pids $(pid_of /opt/nri/plugins/10-nri-qos)"
+        [ "$s" = swap ] && swap_checks "$log_from"
+        opens_stop
         ownership_reads "$s" "$scenario_pids $(pid_of /opt/nri/plugins/10-nri-qos) ${new:-}"
         audit "$s"
         /e2e/bin/cri-client cleanup || rc=1
         monitor_actions "$log_from"
     fi
+    opens_stop
     wants_swap "$s" && swap_off
     info "scenario $s: end"
 done

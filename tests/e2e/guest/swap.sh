@@ -1,7 +1,7 @@
 # shellcheck shell=sh
-# Scenario swap, sourced by guest.sh (uses its check, info, pid_of, $rc and
-# runtimes.sh's opens_summary): swap on a zram device, the throttle guard
-# and the monitor with swap, and nri-qos never writing memory.swap.max.
+# Scenario swap, sourced by guest.sh (uses its check and $rc): swap on a
+# zram device, the throttle guard and the monitor with swap, and the
+# kubelet's memory.swap.max left as it is.
 
 SWAP_DEV=/dev/zram0
 SWAP_BYTES=$((1024 * 1024 * 1024))
@@ -35,7 +35,7 @@ field() {
 }
 
 # After the scenario's steps (its pods still running). $1: its first log
-# line, $2: the plugin pids during it.
+# line.
 swap_checks() {
     log="$(tail -n +"$1" /var/log/nri-qos.log 2>/dev/null | sed -e 's/\x1b\[[0-9;]*m//g')"
     reclaim=88888888-0033-4888-8888-888888888888
@@ -57,14 +57,10 @@ swap_checks() {
         check swap.stalled_acted_on FAIL "neither relaxed nor evicted: $(echo "$log" | grep "$stall" | tail -n 2 | cut -c1-300 | tr '\n' ';')"
         rc=1
     fi
-    # memory.swap.max is the kubelet's: nri-qos never opens it for writing.
-    if [ "$opens_tracing" = 1 ]; then
-        counts="$(opens_summary "$2")"
-        case "$counts" in
-        *" swap_max_writes=0"*) check swap.swap_max_not_written PASS "nri-qos (pids $2): $counts" ;;
-        *) check swap.swap_max_not_written FAIL "nri-qos (pids $2) wrote memory.swap.max: $counts"; rc=1 ;;
-        esac
-    fi
+    # memory.swap.max is the kubelet's (as the client sent it; guarded and
+    # relaxed containers alike): after all the guard did, each still holds
+    # calcSwapForBurstablePods' value, in pages, or 0.
+    swap_max_kept
     available_as_kubelet
 }
 
@@ -99,6 +95,30 @@ available_as_kubelet() {
         check swap.available_as_kubelet PASS "$detail"
     else
         check swap.available_as_kubelet FAIL "$detail (want |diff| < 16Mi with >= 16Mi in swap)"
+        rc=1
+    fi
+}
+
+# Every container of the scenario's pods: memory.swap.max as the kubelet
+# sent it, request (64Mi) / MemTotal x SwapTotal for the Burstable ones, 0
+# for the Guaranteed and BestEffort one.
+swap_max_kept() {
+    limited="$(awk '/^MemTotal/ { m = $2 * 1024 } /^SwapTotal/ { s = $2 * 1024 }
+        END { b = int(67108864 / m * s); printf "%d", b - b % 4096 }' /proc/meminfo)"
+    bad="" seen=""
+    for d in /sys/fs/cgroup/kubepods/pod88888888-003? /sys/fs/cgroup/kubepods/*/pod88888888-003?; do
+        for c in "$d"/*/; do
+            [ -f "$c/memory.swap.max" ] || continue
+            case "$d" in */burstable/*) want=$limited ;; *) want=0 ;; esac
+            got="$(cat "$c/memory.swap.max")"
+            seen="$seen ${d##*/pod88888888-}=$got"
+            [ "$got" = "$want" ] || bad="$bad ${c#/sys/fs/cgroup/}=$got(want $want)"
+        done
+    done
+    if [ -n "$seen" ] && [ -z "$bad" ]; then
+        check swap.swap_max_kept PASS "the kubelet's memory.swap.max in every running container:$seen"
+    else
+        check swap.swap_max_kept FAIL "${bad:-no container found}"
         rc=1
     fi
 }
