@@ -106,6 +106,11 @@ if [ "$E2E_PLUGIN" != none ]; then
     # The memory-pressure monitor runs in the plugin process, fed its pods.
     mkdir -p /etc/nri-qos
     printf '[plugin]\nlog-file = "/var/log/nri-qos.log"\nlog-level = "nri_qos=debug"\nwith-monitor = true\n' >/etc/nri-qos/nri-qos.toml
+    # containerd 2.2/2.3: nri_qos_events_total{event,path} says which RPC
+    # each event came by (runtimes.sh, event_paths).
+    case "${E2E_RUNTIME:-containerd}/$E2E_CONTAINERD" in
+    containerd/2.2 | containerd/2.3) printf '[metrics]\nenabled = true\n' >>/etc/nri-qos/nri-qos.toml ;;
+    esac
 fi
 # kubeapi: etcd and kube-apiserver on the guest's loopback, started before the
 # runtime (which launches the pre-launched plugin), and the plugin configured
@@ -740,7 +745,7 @@ for s in $E2E_SCENARIOS; do
         [ "$s" = kubeletqos ] && kubelet_qos_window
         [ "$s" = throttle ] && { throttle_relax_route "$log_from"; throttle_psi_only "$log_from"; }
         [ "$s" = kubeapi ] && kube_checks "$log_from"
-        [ "$s" = swap ] && swap_checks "$log_from"
+        [ "$s" = swap ] && swap_checks "$log_from" "$scenario_pids $(pid_of /opt/nri/plugins/10-nri-qos)"
         opens_stop
         ownership_reads "$s" "$scenario_pids $(pid_of /opt/nri/plugins/10-nri-qos) ${new:-}"
         audit "$s"

@@ -31,16 +31,16 @@ opens_trace_on() {
     echo 4096 >"$TRACE/buffer_size_kb"
     echo 1 >"$TRACE/tracing_on"
 }
-# Traced only during scenario $1 where no race against memory pressure is
-# measured: every open in the node passes the probe (the monitor's many,
-# under emulation), and a pre-launched plugin must register within
-# containerd's timeout when containerd starts.
+# Traced only during the scenarios that count them (every open in the node
+# passes the probe: the monitor's many, under emulation), never while
+# containerd starts (a pre-launched plugin must register within its
+# timeout).
 opens_tracing=0
 opens_traced=0
 opens_start() {
     opens_traced=0
     [ "$opens_tracing" = 1 ] || return 0
-    case "$1" in basic | kubelet | restart | memoryqos | podresize) ;; *) return 0 ;; esac
+    case "$1" in basic | kubelet | restart | memoryqos | podresize | swap) ;; *) return 0 ;; esac
     : >"$TRACE/trace"
     echo 1 >"$TRACE/events/e2e_open/open/enable"
     opens_traced=1
@@ -141,8 +141,11 @@ restart_keeps_ours() {
     sleep 1 # the keeper's pass after the last event
     tree_before="$(tree_values)"
     sources_before="$(request_sources "$1")"
-    audit_before="$(/e2e/bin/nri-qos audit --socket /var/run/nri/nri.sock --timeout-seconds 20 2>&1 | grep -v 'drifting values')"
+    # The table alone (stdout), rows sorted: the runtime lists containers in
+    # no fixed order.
+    audit_before="$(/e2e/bin/nri-qos audit --socket /var/run/nri/nri.sock --timeout-seconds 20 2>/dev/null | grep -v 'drifting values' | sort)"
     short_before="$(parents_short)"
+    info "nri_qos_events_total before the restart: $(metrics_events | tr '\n' ' ')"
     from=$(($(wc -l </var/log/nri-qos.log) + 1))
     old="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
     if ! relaunch_plugin 'synchronized with the runtime' "$old"; then
@@ -167,12 +170,12 @@ restart_keeps_ours() {
         check restart.request_sources_kept FAIL "before: $(echo "$sources_before" | tr '\n' ';') after: $(echo "$sources_after" | tr '\n' ';')"
         rc=1
     fi
-    audit_after="$(/e2e/bin/nri-qos audit --socket /var/run/nri/nri.sock --timeout-seconds 20 2>&1 | grep -v 'drifting values')"
+    audit_after="$(/e2e/bin/nri-qos audit --socket /var/run/nri/nri.sock --timeout-seconds 20 2>/dev/null | grep -v 'drifting values' | sort)"
     kubelet_owned="$(tail -n +"$from" /var/log/nri-qos.log | sed -e 's/\x1b\[[0-9;]*m//g' | grep -E 'owner="?kubelet' | grep -oE 'cgroup=[^ ]+' | sort -u | tr '\n' ' ')"
     if [ -z "$kubelet_owned" ] && [ "$audit_before" = "$audit_after" ]; then
         check restart.owners_kept PASS "no cgroup handed to the kubelet; audit table (owners, request sources, values) unchanged"
     else
-        check restart.owners_kept FAIL "handed to the kubelet: ${kubelet_owned:-none}; audit rows changed: $(echo "$audit_before" >/tmp/audit.before; echo "$audit_after" | grep -vxF -f /tmp/audit.before | head -n 6 | tr -s ' ' | tr '\n' ';')"
+        check restart.owners_kept FAIL "handed to the kubelet: ${kubelet_owned:-none}; audit rows now: $(echo "$audit_before" >/tmp/audit.before; echo "$audit_after" | grep -vxF -f /tmp/audit.before | head -n 6 | tr -s ' ' | tr '\n' ';') were: $(echo "$audit_after" >/tmp/audit.after; echo "$audit_before" | grep -vxF -f /tmp/audit.after | head -n 6 | tr -s ' ' | tr '\n' ';')"
         rc=1
     fi
     # A pod created now must be protected in its parents like the others.
@@ -188,26 +191,50 @@ restart_keeps_ours() {
     fi
 }
 
-# --- the dedicated NRI v0.12 RPCs -----------------------------------------------
-# containerd 2.3 (NRI v0.12) calls each event's own RPC and, when a plugin
-# answers Unimplemented, falls back to the deprecated StateChange with a
-# warning per event type: there must be none, and the plugin's own account
-# of the path each event type came by (its log line per event type, when it
-# has one) must name no StateChange. 2.2 (NRI v0.11) has StateChange only:
-# reported.
+# --- the NRI events and the RPC each came by --------------------------------------
+# The plugin's own count, nri_qos_events_total{event,path} (metrics endpoint,
+# on for 2.2/2.3 in guest.sh), one series a line; its process's alone.
+metrics_events() {
+    wget -q -O- http://127.0.0.1:9464/metrics 2>/dev/null | grep '^nri_qos_events_total' | sed 's/^nri_qos_events_total//'
+}
+# Every event of every plugin process of this containerd (a debug line each):
+# "event/path=count ...".
+events_logged() {
+    sed -e 's/\x1b\[[0-9;]*m//g' /var/log/nri-qos.log 2>/dev/null |
+        sed -n 's/.* event event="\{0,1\}\([a-z_]*\)"\{0,1\} path="\{0,1\}\([a-z_]*\).*/\1\/\2/p' |
+        sort | uniq -c | awk '{ printf "%s=%s ", $2, $1 }'
+}
+
+# The event mask the plugin registered (its "configured by the runtime"
+# line, each process of this containerd): 0xECD on NRI v0.10 and later, the
+# seven events of every runtime and UpdatePodSandbox. Then the path of each
+# event: containerd 2.3 (NRI v0.12) calls each event's own RPC and, when a
+# plugin answers Unimplemented, falls back to the deprecated StateChange
+# with a warning per event type: there must be none, and every event the
+# plugin counted came by its own RPC. 2.2 (NRI v0.11) has StateChange only
+# for the events without an answer: reported.
 dedicated_rpcs() {
     [ "$E2E_PLUGIN" != none ] && [ "$E2E_RUNTIME" = containerd ] && shows_unified || return 0
-    paths="$(sed -e 's/\x1b\[[0-9;]*m//g' /var/log/nri-qos.log 2>/dev/null | grep 'events on this path' |
-        grep -oE 'event="?[a-z_]+"? path="?[a-z_]+' | tr -d '"' | sort -u | tr '\n' ' ')"
-    info "event paths nri-qos logged on containerd $E2E_CONTAINERD: ${paths:-none}"
+    configured="$(sed -e 's/\x1b\[[0-9;]*m//g' /var/log/nri-qos.log 2>/dev/null | grep 'configured by the runtime')"
+    masks="$(echo "$configured" | grep -oE 'events=0x[0-9a-f]+' | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+    nri="$(echo "$configured" | grep -oE 'nri_version(_from)?=[^ ]+' | sort -u | tr -d '"' | tr '\n' ' ')"
+    if [ -n "$configured" ] && ! echo "$configured" | grep -qv 'events=0xecd'; then
+        check nri.event_mask PASS "containerd $E2E_CONTAINERD: every plugin process registered events=0xecd ($masks $nri)"
+    else
+        check nri.event_mask FAIL "containerd $E2E_CONTAINERD: ${masks:-no configured line} $nri (want 0xecd)"
+        rc=1
+    fi
+    logged="$(events_logged)"
+    counted="$(metrics_events | tr '\n' ' ')"
+    info "events on containerd $E2E_CONTAINERD, logged by every plugin process: ${logged:-none}; nri_qos_events_total of the running one: ${counted:-endpoint not answering}"
     [ "$E2E_CONTAINERD" = 2.3 ] || return 0
     registered="$(grep -a 'registered as' "$RUNTIME_LOG" | grep -v audit | tail -n 1 | sed 's/.*msg=//' | cut -c1-200)"
     deprecated="$(grep -a 'deprecated interface' "$RUNTIME_LOG" | sed -n 's/.*details=\(.*\)/\1/p' | sort | uniq -c | tr -s ' ' | tr '\n' ';' | cut -c1-600)"
-    stated="$(echo "$paths" | tr ' ' '\n' | grep -c 'path=state_change')"
-    if [ -z "$deprecated" ] && [ "$stated" = 0 ]; then
-        check nri.dedicated_rpcs PASS "no StateChange fallback logged by containerd; ${registered:-no registration line}; ${paths:-no path lines}"
+    if [ -z "$deprecated" ] && [ -n "$logged" ] && ! echo "$logged $counted" | grep -q 'state_change' &&
+        echo "$counted" | grep -q 'path="dedicated"'; then
+        check nri.dedicated_rpcs PASS "no StateChange: none logged by containerd, none among the events nri-qos logged or counted; ${registered:-no registration line}"
     else
-        check nri.dedicated_rpcs FAIL "containerd fell back to StateChange: ${deprecated:-none}; nri-qos: ${paths:-no path lines}; ${registered:-}"
+        check nri.dedicated_rpcs FAIL "containerd's StateChange fallbacks: ${deprecated:-none}; logged: ${logged:-none}; counted: ${counted:-none}; ${registered:-}"
         rc=1
     fi
 }

@@ -1,7 +1,7 @@
 # shellcheck shell=sh
-# Scenario swap, sourced by guest.sh (uses its check and $rc): swap on a
-# zram device, the throttle guard and the monitor with swap, and the
-# kubelet's memory.swap.max left as it is.
+# Scenario swap, sourced by guest.sh (uses its check, $rc and runtimes.sh's
+# opens_summary): swap on a zram device, the throttle guard and the monitor
+# with swap, and the kubelet's memory.swap.max left as it is.
 
 SWAP_DEV=/dev/zram0
 SWAP_BYTES=$((1024 * 1024 * 1024))
@@ -35,7 +35,7 @@ field() {
 }
 
 # After the scenario's steps (its pods still running). $1: its first log
-# line.
+# line, $2: the plugin pids during it.
 swap_checks() {
     log="$(tail -n +"$1" /var/log/nri-qos.log 2>/dev/null | sed -e 's/\x1b\[[0-9;]*m//g')"
     reclaim=88888888-0033-4888-8888-888888888888
@@ -61,6 +61,15 @@ swap_checks() {
     # relaxed containers alike): after all the guard did, each still holds
     # calcSwapForBurstablePods' value, in pages, or 0.
     swap_max_kept
+    # And the kernel saw no open of one for writing by nri-qos's processes
+    # ($2), its guard's relaxes and evictions included.
+    if [ "$opens_traced" = 1 ]; then
+        counts="$(opens_summary "$2")"
+        case "$counts" in
+        *" swap_max_writes=0"*) check swap.swap_max_not_written PASS "nri-qos (pids $2): $counts" ;;
+        *) check swap.swap_max_not_written FAIL "nri-qos (pids $2) opened memory.swap.max for writing: $counts"; rc=1 ;;
+        esac
+    fi
     available_as_kubelet
 }
 
@@ -99,19 +108,23 @@ available_as_kubelet() {
     fi
 }
 
-# Every container of the scenario's pods: memory.swap.max as the kubelet
-# sent it, request (64Mi) / MemTotal x SwapTotal for the Burstable ones, 0
+# Every container of the scenario's pods (the pause containers aside):
+# memory.swap.max as the kubelet sent it, request (64Mi) / MemTotal x SwapTotal for the Burstable ones, 0
 # for the Guaranteed and BestEffort one.
 swap_max_kept() {
     limited="$(awk '/^MemTotal/ { m = $2 * 1024 } /^SwapTotal/ { s = $2 * 1024 }
         END { b = int(67108864 / m * s); printf "%d", b - b % 4096 }' /proc/meminfo)"
     bad="" seen=""
-    for d in /sys/fs/cgroup/kubepods/pod88888888-003? /sys/fs/cgroup/kubepods/*/pod88888888-003?; do
+    for d in /sys/fs/cgroup/kubepods/pod88888888-003?-* /sys/fs/cgroup/kubepods/*/pod88888888-003?-*; do
         for c in "$d"/*/; do
             [ -f "$c/memory.swap.max" ] || continue
+            # the sandbox's pause container: no CRI resources, the runtime's
+            pid="$(head -n 1 "$c/cgroup.procs" 2>/dev/null)"
+            [ "$(cat "/proc/${pid:-0}/comm" 2>/dev/null)" = pause ] && continue
             case "$d" in */burstable/*) want=$limited ;; *) want=0 ;; esac
             got="$(cat "$c/memory.swap.max")"
-            seen="$seen ${d##*/pod88888888-}=$got"
+            pod="${d##*/pod88888888-}"
+            seen="$seen ${pod%%-*}=$got"
             [ "$got" = "$want" ] || bad="$bad ${c#/sys/fs/cgroup/}=$got(want $want)"
         done
     done
