@@ -130,7 +130,7 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
         cfg.plugin.dry_run,
     ));
     // Optional and never required: without credentials, or when they do not
-    // work, the plugin runs on the runtime's facts alone, as it always did.
+    // work, the plugin runs on the runtime's facts alone.
     let kube = match crate::kube::start(&cfg.kubernetes, Some(plugin.metrics())) {
         Ok(k) => k,
         Err(e) => {
