@@ -108,19 +108,20 @@ available_as_kubelet() {
     fi
 }
 
-# Every container of the scenario's pods (the pause containers aside):
+# Every container of the scenario's pods (their sandboxes aside):
 # memory.swap.max as the kubelet sent it, request (64Mi) / MemTotal x SwapTotal for the Burstable ones, 0
 # for the Guaranteed and BestEffort one.
 swap_max_kept() {
     limited="$(awk '/^MemTotal/ { m = $2 * 1024 } /^SwapTotal/ { s = $2 * 1024 }
         END { b = int(67108864 / m * s); printf "%d", b - b % 4096 }' /proc/meminfo)"
     bad="" seen=""
+    sandboxes="$(/e2e/bin/cri-client list 2>/dev/null | awk '$1 == "sandbox" { print $2 }' | tr '\n' ' ')"
     for d in /sys/fs/cgroup/kubepods/pod88888888-003?-* /sys/fs/cgroup/kubepods/*/pod88888888-003?-*; do
         for c in "$d"/*/; do
             [ -f "$c/memory.swap.max" ] || continue
-            # the sandbox's pause container: no CRI resources, the runtime's
-            pid="$(head -n 1 "$c/cgroup.procs" 2>/dev/null)"
-            [ "$(cat "/proc/${pid:-0}/comm" 2>/dev/null)" = pause ] && continue
+            # a sandbox's container: no CRI resources, the runtime's values
+            id="${c%/}"
+            case " $sandboxes " in *" ${id##*/} "*) continue ;; esac
             case "$d" in */burstable/*) want=$limited ;; *) want=0 ;; esac
             got="$(cat "$c/memory.swap.max")"
             pod="${d##*/pod88888888-}"
