@@ -10,6 +10,7 @@ use thiserror::Error;
 
 pub mod cgroupfs;
 pub mod layout;
+pub mod psi;
 pub mod time;
 
 /// Kubernetes QoS class.

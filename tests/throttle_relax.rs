@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
+use nri_qos::guard::{EventCounts, FileRelaxer, Sample};
 use nri_qos::node::relax::Relaxer;
 use nri_qos::nri::relax::{relaxer, LINK};
 use nri_qos::nri::{session, Identity};
-use nri_qos::pressure::throttle::{Counters, FileRelaxer, Sample};
 use nri_qos::qos::QosClass;
 
 #[tokio::test]
@@ -30,7 +30,7 @@ async fn throttle_relax_goes_through_update_containers_then_the_file() {
         pod_uid: "u1".into(),
         pod_path: PathBuf::from(dir.path()),
         class: QosClass::Burstable,
-        counters: Counters { high: 5000, max: 0 },
+        counters: EventCounts { high: 5000, max: 0 },
         psi_some_avg10: 30.0,
         high: Some(247_463_936),
         max: Some(268_435_456),

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{Config, ConfigError};
+use crate::guard::ThrottleConfig;
 use crate::nri::Identity;
 use crate::pressure::config::{HumanDuration, MonitorConfig, Quantity};
 use crate::pressure::Paths;
@@ -105,6 +106,7 @@ impl Config {
             cfg.plugin.index = id.index;
         }
         cfg.validate()?;
+        cfg.check_guarded()?;
         Ok(cfg)
     }
 }
@@ -115,8 +117,9 @@ pub enum LogFormat {
     Json,
 }
 
-/// Node memory-pressure monitor: PSI-triggered, kills whole pods in the
-/// kubelet's order before the kernel OOM killer fires.
+/// Node memory-pressure monitor (and the memory.high throttle guard beside
+/// it): PSI-triggered, kills whole pods in the kubelet's order before the
+/// kernel OOM killer fires.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MonitorArgs {
     /// cgroup v2 mount point (default: node.cgroup-root, /sys/fs/cgroup).
@@ -127,8 +130,8 @@ pub struct MonitorArgs {
     #[arg(long)]
     pub proc_root: Option<PathBuf>,
     /// Config file (default: /etc/nri-qos/nri-qos.toml when it exists); the
-    /// monitor uses its [monitor], [throttle] and [node] tables and
-    /// plugin.log-level.
+    /// monitor and the throttle guard beside it use its [monitor],
+    /// [throttle] and [node] tables and plugin.log-level.
     #[arg(long, short = 'c', env = "NRI_QOS_CONFIG")]
     pub config: Option<PathBuf>,
     /// Log what would be done; no reclaim, memory.high or kill (PSI triggers
@@ -168,6 +171,8 @@ pub struct MonitorArgs {
 #[derive(Debug, Clone)]
 pub struct MonitorSettings {
     pub monitor: MonitorConfig,
+    /// The throttle guard beside it (`[throttle]`).
+    pub throttle: ThrottleConfig,
     pub paths: Paths,
     pub log_format: String,
     pub log_level: String,
@@ -220,7 +225,8 @@ impl MonitorArgs {
         }
         cfg.validate()?;
         Ok(MonitorSettings {
-            monitor: cfg.monitor_config(),
+            monitor: cfg.monitor.clone(),
+            throttle: cfg.throttle.clone(),
             paths: cfg.monitor_paths(),
             log_format: cfg.plugin.log_format,
             log_level: cfg.plugin.log_level,

@@ -168,7 +168,7 @@ pub fn render_table(r: &PodReport) -> String {
         .collect();
     let footer = (!guarded.is_empty()).then(|| {
         format!(
-            "\nthrottle guard ({}): where the monitor runs, a container that stays throttled at its memory.high \
+            "\nthrottle guard ({}): unless [throttle] enabled = false, a container that stays throttled at its memory.high \
              past [throttle] grace-period gets memory.high = memory.max; if the stall persists, its pod is evicted \
              in the node-pressure order.\n",
             guarded.join(", ")

@@ -1,8 +1,8 @@
-//! How the monitor's throttle guard raises a container's memory.high
-//! without knowing who carries it out: the cgroup file (the default, and
-//! the standalone monitor's only way), or the runtime through NRI
-//! (`nri::relax`, only with `[throttle] relax-via = "runtime"`). The monitor
-//! calls a [`Relaxer`]; the app wires the concrete one from [`RelaxVia`].
+//! How the throttle guard raises a container's memory.high without knowing
+//! who carries it out: the cgroup file (the default, and the only way
+//! outside the plugin), or the runtime through NRI (`nri::relax`, only with
+//! `[throttle] relax-via = "runtime"`). The guard calls a [`Relaxer`]; the
+//! app wires the concrete one from [`RelaxVia`].
 
 use std::path::PathBuf;
 

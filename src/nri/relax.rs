@@ -1,4 +1,4 @@
-//! Relaxing a container's memory.high for the monitor's throttle guard
+//! Relaxing a container's memory.high for the throttle guard
 //! through the runtime (`Runtime/UpdateContainers` on the session's conn 2),
 //! so the runtime's own record of the container agrees with the kernel.
 //! Only with `[throttle] relax-via = "runtime"`: before containerd/nri#301

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::MonitorError;
+pub use crate::node::time::HumanDuration;
 
 /// A memory threshold: absolute bytes or a percentage of capacity, like the
 /// kubelet's `memory.available<100Mi` / `<5%`. Zero disables it.
@@ -101,56 +102,6 @@ impl fmt::Display for Quantity {
     }
 }
 
-/// A duration written as "250ms", "2s" or "5m".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct HumanDuration(pub Duration);
-
-impl TryFrom<String> for HumanDuration {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
-        s.parse()
-    }
-}
-
-impl From<HumanDuration> for String {
-    fn from(d: HumanDuration) -> String {
-        d.to_string()
-    }
-}
-
-impl std::str::FromStr for HumanDuration {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("invalid duration {s:?} (want e.g. 250ms, 2s, 5m)"))?;
-        let d = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            _ => return Err(format!("unknown duration unit in {s:?}")),
-        };
-        Ok(HumanDuration(d))
-    }
-}
-
-impl fmt::Display for HumanDuration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = self.0.as_millis();
-        if ms.is_multiple_of(60_000) && ms != 0 {
-            write!(f, "{}m", ms / 60_000)
-        } else if ms.is_multiple_of(1000) {
-            write!(f, "{}s", ms / 1000)
-        } else {
-            write!(f, "{ms}ms")
-        }
-    }
-}
-
 /// Longest duration any `[monitor]` key may have: beyond an hour a value
 /// is a typo, and an unbounded one would overflow timer arithmetic.
 pub const MAX_DURATION: HumanDuration = HumanDuration(Duration::from_secs(3600));
@@ -231,10 +182,6 @@ pub struct MonitorConfig {
     /// Nice value of the monitor thread (-20..=19; 0 leaves it): the node
     /// is short of CPU too while memory runs out.
     pub nice: i32,
-    /// The `[throttle]` table (its own table in the file, not a key of
-    /// `[monitor]`): the per-container memory.high throttle guard.
-    #[serde(skip)]
-    pub throttle: super::throttle::ThrottleConfig,
 }
 
 impl Default for MonitorConfig {
@@ -269,7 +216,6 @@ impl Default for MonitorConfig {
             mrelease: true,
             lock_memory: true,
             nice: -10,
-            throttle: Default::default(),
         }
     }
 }
@@ -288,11 +234,10 @@ impl MonitorConfig {
             source,
         };
         let file: File = toml::from_str(text).map_err(bad)?;
-        let mut cfg: MonitorConfig = match file.monitor {
+        let cfg: MonitorConfig = match file.monitor {
             Some(v) => v.try_into().map_err(bad)?,
             None => MonitorConfig::default(),
         };
-        cfg.throttle = super::throttle::ThrottleConfig::from_toml(text, origin)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -357,7 +302,7 @@ impl MonitorConfig {
         if !(-20..=19).contains(&self.nice) {
             return err(format!("nice {} must be in -20..=19", self.nice));
         }
-        self.throttle.validate()
+        Ok(())
     }
 }
 

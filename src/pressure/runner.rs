@@ -1,4 +1,4 @@
-//! Running the monitor: the entry points, the monitor thread with its PSI
+//! Running the monitor: the entry point, the monitor thread with its PSI
 //! triggers, and the loop that waits for a wake-up and steps.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,44 +6,26 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::act::{self, ProcessOps};
 use super::triggers::Triggers;
-use super::{
-    protect, throttle, Clock, Monitor, MonitorConfig, MonitorError, Paths, SystemClock, Wake,
-};
-use crate::node::cluster;
+use super::{protect, Clock, Monitor, MonitorConfig, MonitorError, Paths, Wake};
+use crate::evict::SharedEvictor;
 use crate::node::registry::PodRegistry;
-use crate::node::relax::Relaxer;
 
-/// Runs the monitor alone (`nri-qos monitor`) until the future is dropped:
-/// no metrics, no API server, memory.high relaxed through the cgroup file.
-pub async fn run(
-    cfg: MonitorConfig,
-    paths: Paths,
-    pods: Arc<dyn PodRegistry>,
-) -> Result<(), MonitorError> {
-    run_in_plugin(
-        cfg,
-        paths,
-        pods,
-        None,
-        None,
-        Arc::new(throttle::FileRelaxer),
-    )
-    .await
+/// What the monitor runs with besides its settings.
+pub struct Running {
+    /// Pod facts: the plugin's registry (and the API server's), or none.
+    pub pods: Arc<dyn PodRegistry>,
+    /// The eviction path, shared with the throttle guard when it runs.
+    pub evictor: SharedEvictor,
+    /// The clock the eviction path's other users read too.
+    pub clock: Arc<dyn Clock>,
+    /// Publishes node PSI averages, when the endpoint is on.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
-/// The monitor in the plugin's process: publishing evictions and PSI to
-/// `metrics`, evicting through the API server when `cluster` is given, and
-/// relaxing memory.high through `relaxer` (the plugin's chosen route).
-pub async fn run_in_plugin(
-    cfg: MonitorConfig,
-    paths: Paths,
-    pods: Arc<dyn PodRegistry>,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
-    relaxer: Arc<dyn Relaxer>,
-) -> Result<(), MonitorError> {
+/// Runs the monitor until the future is dropped: `nri-qos monitor`, and
+/// the plugin's node-pressure monitor (`with-monitor`).
+pub async fn run(cfg: MonitorConfig, paths: Paths, with: Running) -> Result<(), MonitorError> {
     cfg.validate()?;
     if cfg.lock_memory {
         match protect::lock_memory() {
@@ -51,32 +33,15 @@ pub async fn run_in_plugin(
                 tracing::info!("process memory locked as it is touched (mlockall, MCL_ONFAULT)")
             }
             Err(e) => tracing::warn!(error = %e,
-                "not locking the process's memory (needs CAP_IPC_LOCK); under pressure the kernel may page out the monitor's code"),
+                "not locking the process's memory (needs CAP_IPC_LOCK or an unlimited RLIMIT_MEMLOCK); under pressure the kernel may page out the monitor's code"),
         }
     }
-    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls))
-        .with_relaxer(relaxer);
-    if let Some(m) = metrics {
+    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), with.pods, with.evictor);
+    if let Some(m) = with.metrics {
         monitor = monitor.with_metrics(m);
     }
-    if let Some(c) = cluster {
-        monitor = monitor.with_cluster(c);
-    }
     let nice = cfg.nice;
-    start(cfg, paths, monitor, Arc::new(SystemClock::default()), nice).await
-}
-
-/// `run` with the process syscalls and the clock injected.
-pub async fn run_with(
-    cfg: MonitorConfig,
-    paths: Paths,
-    pods: Arc<dyn PodRegistry>,
-    ops: Arc<dyn ProcessOps>,
-    clock: Arc<dyn Clock>,
-) -> Result<(), MonitorError> {
-    cfg.validate()?;
-    let monitor = Monitor::new(cfg.clone(), paths.clone(), pods, ops);
-    start(cfg, paths, monitor, clock, 0).await
+    start(cfg, paths, monitor, with.clock, nice).await
 }
 
 /// Arms the PSI triggers on the current runtime and runs the loop on a
@@ -115,7 +80,7 @@ async fn start(
                 match protect::set_thread_nice(nice) {
                     Ok(()) => tracing::info!(nice, "monitor thread priority raised"),
                     Err(e) => tracing::warn!(nice, error = %e,
-                        "cannot set the monitor thread's nice value (needs CAP_SYS_NICE); it competes for CPU like any process"),
+                        "cannot set the monitor thread's nice value (needs CAP_SYS_NICE or RLIMIT_NICE); it competes for CPU like any process"),
                 }
             }
             let r = drive(monitor, rx, clock, Some(triggers), &thread_stop);
