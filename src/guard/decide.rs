@@ -28,7 +28,8 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(2);
 /// Bound on tracked containers (bounded memory on a weird host).
 const MAX_TRACKED: usize = 8192;
 
-/// The three signals of one container at one moment.
+/// The three signals of one container at one moment, and how long it has
+/// been under throttle.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Signals {
     /// `high` events per second since the previous sample.
@@ -36,6 +37,9 @@ pub struct Signals {
     pub max_rate: f64,
     /// `some avg10`, percent.
     pub psi_some_avg10: f64,
+    /// Since the grace period started (zero while not under throttle), by
+    /// the guard's clock: at a relax, detection to relax.
+    pub under_throttle_for: Duration,
 }
 
 /// Which signal made a decision; a metric label.
@@ -168,6 +172,22 @@ impl Throttles {
         self.tracks.values().any(Track::busy)
     }
 
+    /// How long until the earliest grace period (or settle time) still
+    /// ahead ends, so the guard looks right then rather than up to an
+    /// interval later.
+    pub fn next_due(&self, now: Duration) -> Option<Duration> {
+        self.tracks
+            .values()
+            .flat_map(|t| {
+                let grace_ends = t.under_since.map(|s| s + self.cfg.grace_period.0);
+                [grace_ends, t.settle_until]
+            })
+            .flatten()
+            .filter(|&due| due > now)
+            .map(|due| due - now)
+            .min()
+    }
+
     /// The signals last computed for a container.
     pub fn signals(&self, path: &Path) -> Option<Signals> {
         self.tracks.get(path).map(|t| t.signals)
@@ -295,6 +315,7 @@ fn decide(
         if now < until {
             // Just relaxed: the signals get time to fall before a new grace.
             t.under_since = None;
+            t.signals.under_throttle_for = Duration::ZERO;
             return if active {
                 ThrottleDecision::Settling
             } else {
@@ -305,10 +326,12 @@ fn decide(
     }
     if !active {
         t.under_since = None;
+        t.signals.under_throttle_for = Duration::ZERO;
         return ThrottleDecision::Calm;
     }
     let since = *t.under_since.get_or_insert(now);
     let held = now.saturating_sub(since);
+    t.signals.under_throttle_for = held;
     if held < cfg.grace_period.0 {
         return ThrottleDecision::Throttled { for_: held };
     }
@@ -371,6 +394,22 @@ mod tests {
             t += 0.5;
         }
         out
+    }
+
+    /// The next look lands on the end of the grace period, not up to an
+    /// interval after it.
+    #[test]
+    fn throttle_next_look_is_due_when_the_grace_ends() {
+        let mut g = Throttles::new(cfg());
+        assert_eq!(g.next_due(secs(0.0)), None);
+        let mut n = 0;
+        run(&mut g, 0.0, 3.0, 200, &mut n, |c| {
+            s(QosClass::Burstable, "c", c, 0, 5.0)
+        });
+        // Under throttle from 2 s (the first rate): the grace ends at 12 s.
+        assert_eq!(g.next_due(secs(3.0)), Some(secs(9.0)));
+        // Past it (stage 2 repeats until it acts): the interval applies.
+        assert_eq!(g.next_due(secs(12.3)), None);
     }
 
     #[test]

@@ -157,7 +157,8 @@ impl Guard {
             }
         }
         report.next_check = if self.throttles.busy() {
-            self.cfg.interval.0
+            let due = self.throttles.next_due(now).unwrap_or(Duration::MAX);
+            self.cfg.interval.0.min(due)
         } else {
             self.cfg.check_interval.0
         };

@@ -107,6 +107,7 @@ impl Guard {
             psi_some_avg10 = signals.psi_some_avg10,
             psi_threshold = cfg.psi_some_avg10,
             grace = %cfg.grace_period,
+            under_throttle_ms = time::millis(signals.under_throttle_for),
             memory_high = %high_value(s.high),
             memory_max = %high_value(s.max),
             dry_run = self.dry_run,

@@ -27,7 +27,18 @@ pub struct Running {
 /// the plugin's node-pressure monitor (`with-monitor`).
 pub async fn run(cfg: MonitorConfig, paths: Paths, with: Running) -> Result<(), MonitorError> {
     cfg.validate()?;
-    if cfg.lock_memory {
+    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), with.pods, with.evictor);
+    if let Some(m) = with.metrics {
+        monitor = monitor.with_metrics(m);
+    }
+    start(cfg, paths, monitor, with.clock).await
+}
+
+/// `[monitor] lock-memory` and `nice`, on the monitor's own thread: mlockall
+/// walks every mapping of the process, and on the plugin's one async thread
+/// it could hold up the registration the runtime gives 5 s.
+fn protect_this_thread(lock_memory: bool, nice: i32) {
+    if lock_memory {
         match protect::lock_memory() {
             Ok(()) => {
                 tracing::info!("process memory locked as it is touched (mlockall, MCL_ONFAULT)")
@@ -36,12 +47,13 @@ pub async fn run(cfg: MonitorConfig, paths: Paths, with: Running) -> Result<(), 
                 "not locking the process's memory (needs CAP_IPC_LOCK or an unlimited RLIMIT_MEMLOCK); under pressure the kernel may page out the monitor's code"),
         }
     }
-    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), with.pods, with.evictor);
-    if let Some(m) = with.metrics {
-        monitor = monitor.with_metrics(m);
+    if nice != 0 {
+        match protect::set_thread_nice(nice) {
+            Ok(()) => tracing::info!(nice, "monitor thread priority raised"),
+            Err(e) => tracing::warn!(nice, error = %e,
+                "cannot set the monitor thread's nice value (needs CAP_SYS_NICE or RLIMIT_NICE); it competes for CPU like any process"),
+        }
     }
-    let nice = cfg.nice;
-    start(cfg, paths, monitor, with.clock, nice).await
 }
 
 /// Arms the PSI triggers on the current runtime and runs the loop on a
@@ -49,13 +61,11 @@ pub async fn run(cfg: MonitorConfig, paths: Paths, with: Running) -> Result<(), 
 /// per check, where tokio's timer wheel wakes twice for every timeout over
 /// 64 ms, which was half the idle cost; and a step's blocking file I/O and
 /// kill wait never hold up the plugin's NRI handlers.
-/// `nice` is applied to the monitor thread alone (0 leaves it).
 async fn start(
     cfg: MonitorConfig,
     paths: Paths,
     monitor: Monitor,
     clock: Arc<dyn Clock>,
-    nice: i32,
 ) -> Result<(), MonitorError> {
     let (tx, rx) = std::sync::mpsc::sync_channel(16);
     let mut triggers = Triggers::new(&cfg, &paths, tx.clone(), tokio::runtime::Handle::current());
@@ -73,16 +83,11 @@ async fn start(
     let stop = Arc::new(AtomicBool::new(false));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let thread_stop = stop.clone();
+    let (lock_memory, nice) = (cfg.lock_memory, cfg.nice);
     std::thread::Builder::new()
         .name("nri-qos-monitor".into())
         .spawn(move || {
-            if nice != 0 {
-                match protect::set_thread_nice(nice) {
-                    Ok(()) => tracing::info!(nice, "monitor thread priority raised"),
-                    Err(e) => tracing::warn!(nice, error = %e,
-                        "cannot set the monitor thread's nice value (needs CAP_SYS_NICE or RLIMIT_NICE); it competes for CPU like any process"),
-                }
-            }
+            protect_this_thread(lock_memory, nice);
             let r = drive(monitor, rx, clock, Some(triggers), &thread_stop);
             let _ = done_tx.send(r);
         })
