@@ -169,6 +169,14 @@ if [ "$has_crio" = 1 ]; then
     (cd "$ROOT" && cargo build --quiet --example oci-registry)
 fi
 
+JOURNAL_SINK=""
+if [[ " ${scenarios[*]} " == *" guarded "* ]]; then
+    # A pre-launched plugin logs to the journal; the guest has no systemd.
+    log "building the journal-sink example (scenario guarded)"
+    (cd "$ROOT" && cargo build --quiet --example journal-sink)
+    JOURNAL_SINK="$TARGET/debug/examples/journal-sink"
+fi
+
 # --- the Kubernetes API in the guest (scenario kubeapi, opt-in) ---------------------
 # etcd and kubectl from Debian (tests/kube/fetch.sh), kube-apiserver from
 # ../shared/tools; the serving certificate, service-account key and a static
@@ -401,6 +409,7 @@ build_initramfs() {
     fi
     cp "$CRI_CLIENT" "$r/e2e/bin/cri-client"
     [ -z "$NRI_QOS" ] || cp "$NRI_QOS" "$r/e2e/bin/nri-qos"
+    [ -z "$JOURNAL_SINK" ] || cp "$JOURNAL_SINK" "$r/e2e/bin/journal-sink"
     for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
     cp "$WORK/memhog" "$r/e2e/bin/memhog"
@@ -414,6 +423,12 @@ build_initramfs() {
     cp "$CACHE/loop.ko" "$r/e2e/loop.ko"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
     cp -r "$HERE/scenarios/pods" "$r/e2e/scenarios/"
+    # The shipped install files, as an operator copies them (scenario guarded).
+    mkdir -p "$r/e2e/config/nri" "$r/e2e/config/kubernetes" "$r/e2e/config/systemd"
+    cp "$ROOT/config/nri-qos.toml" "$r/e2e/config/"
+    cp "$ROOT/config/nri/10-nri-qos.conf" "$r/e2e/config/nri/"
+    cp "$ROOT/config/kubernetes/daemonset.yaml" "$r/e2e/config/kubernetes/"
+    cp "$ROOT/config/systemd/nri-qos.service" "$r/e2e/config/systemd/"
     case "$ver" in
     1.7) config_17 ;;
     2.1) config_21 ;;
