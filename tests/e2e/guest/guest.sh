@@ -712,9 +712,10 @@ gd_ms() {
 # The median of the numbers on stdin (0 when none).
 gd_median() { sort -n | awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : 0) }'; }
 
-# The allocator's MiB/s lines of pod $1 (uid $2) with epoch ms in [$3, $4).
+# The allocator's MiB/s lines of container $1 of pod gd-$2 with epoch ms
+# in [$3, $4).
 gd_rates() {
-    cat /var/log/pods/default_"$1"_"$2"/app/0.log 2>/dev/null |
+    cat /var/log/pods/default_gd-"$2"_99999999-00c"$2"-4999-8999-999999999990/"$1"/0.log 2>/dev/null |
         awk -v from="$3" -v to="$4" '$4 == "churn" && $6 ~ /^[0-9.]+$/ && $5 >= from && $5 < to { print $6 }'
 }
 
@@ -734,12 +735,12 @@ gd_wait_synced() {
     [ "$(gd_synced "$1")" -gt "$2" ]
 }
 
-# Configuration $1 (number $2), the plugin logging to $3: the two pods, the
-# wait for the relax, the checks; gd-thr is killed once measured (every pod
-# is removed at the end of the scenario).
+# Configuration $1 (number $2), the plugin logging to $3: the pod, the wait
+# for the relax, the checks; its app is killed once measured (every pod is
+# removed at the end of the scenario).
 gd_measure() {
     label=$1 n=$2 log=$3
-    ref=99999999-00c$n-4999-8999-999999999991 thr=99999999-00c$n-4999-8999-999999999992
+    pod=99999999-00c$n-4999-8999-999999999990
     sed "s/@N@/$n/g" /e2e/scenarios/guarded.json >/e2e/scenarios/guarded-$n.json
     if ! /e2e/bin/cri-client run /e2e/scenarios/guarded-$n.json --keep >/tmp/gd-$n.out 2>&1; then
         check "guarded.$label.pods" FAIL "$(grep 'FAIL' /tmp/gd-$n.out | head -n 3 | tr '\n' ';')"
@@ -748,7 +749,7 @@ gd_measure() {
     fi
     started=$(date +%s)
     cg=""
-    for d in /sys/fs/cgroup/kubepods/burstable/pod$thr/*/; do
+    for d in /sys/fs/cgroup/kubepods/burstable/pod$pod/*/; do
         [ "$(cat "$d/memory.max" 2>/dev/null)" = 268435456 ] && cg=${d%/}
     done
     high_before="$(cat "$cg/memory.high" 2>/dev/null)"
@@ -765,13 +766,13 @@ gd_measure() {
     high_events="$(awk '$1 == "high" { print $2 }' "$cg/memory.events" 2>/dev/null)"
     high_after="$(cat "$cg/memory.high" 2>/dev/null)"
     echo 1 >"$cg/cgroup.kill" 2>/dev/null
-    grep -a "$thr" "$log" | grep -aE 'throttle|relax' | head -n 4 | cut -c1-300 | sed "s/^/E2E-INFO guarded $label: /"
-    detect="$(grep -a "$thr" "$log" | grep -a 'grace period starts' | head -n 1)"
-    relax="$(grep -a "$thr" "$log" | grep -a 'throttle decision' | grep -aiE 'action"?[=:]"?relax([" ,]|$)' | head -n 1)"
-    ref_rates="$(gd_rates "gd-ref-$n" "$ref" 0 99999999999999 | tail -n +3)"
+    grep -a "$pod" "$log" | grep -aE 'throttle|relax' | head -n 4 | cut -c1-300 | sed "s/^/E2E-INFO guarded $label: /"
+    detect="$(grep -a "$pod" "$log" | grep -a 'grace period starts' | head -n 1)"
+    relax="$(grep -a "$pod" "$log" | grep -a 'throttle decision' | grep -aiE 'action"?[=:]"?relax([" ,]|$)' | head -n 1)"
+    ref_rates="$(gd_rates ref "$n" 0 99999999999999 | tail -n +3)"
     ref_rate="$(echo "$ref_rates" | gd_median)"
-    thr_rate="$(gd_rates "gd-thr-$n" "$thr" 0 "${relaxed_at:-99999999999}000" | tail -n +2 | gd_median)"
-    after_rates="$(gd_rates "gd-thr-$n" "$thr" "$((${relaxed_at:-99999999999} + 2))000" 99999999999999)"
+    thr_rate="$(gd_rates app "$n" 0 "${relaxed_at:-99999999999}000" | tail -n +2 | gd_median)"
+    after_rates="$(gd_rates app "$n" "$((${relaxed_at:-99999999999} + 2))000" 99999999999999)"
     after_rate="$(echo "$after_rates" | gd_median)"
     info "guarded $label: MiB/s unthrottled: $(echo $ref_rates); after the relax: $(echo $after_rates)"
     # Detection to relax by the guard's own clock (its relax line's
@@ -781,7 +782,7 @@ gd_measure() {
     stamps=""
     [ -n "$detect" ] && [ -n "$relax" ] && stamps=$(($(gd_ms "$relax") - $(gd_ms "$detect")))
     if [ -n "$relaxed_at" ] && [ -n "$latency" ] && [ "$latency" -le $((GD_GRACE_MS + 1000)) ]; then
-        check "guarded.$label.relaxed" PASS "detect->relax ${latency} ms by the guard's clock, ${stamps:-?} ms between its log lines (grace ${GD_GRACE_MS} ms + 1 s); memory.high $high_before -> $high_after $((relaxed_at - started)) s after gd-thr started; high events $high_events"
+        check "guarded.$label.relaxed" PASS "detect->relax ${latency} ms by the guard's clock, ${stamps:-?} ms between its log lines (grace ${GD_GRACE_MS} ms + 1 s); memory.high $high_before -> $high_after $((relaxed_at - started)) s after app started; high events $high_events"
     else
         check "guarded.$label.relaxed" FAIL "relaxed_at=${relaxed_at:-never} detect->relax=${latency:-?} ms (log lines ${stamps:-?} ms); detect: ${detect:-none}; relax: ${relax:-none}"
         rc=1
