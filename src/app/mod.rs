@@ -50,12 +50,13 @@ pub fn run_monitor(args: MonitorArgs) -> Result<(), AppError> {
         .resolve(config::process_env())
         .context("monitor configuration")?;
     crate::observability::init(
-        &settings.log_format,
+        settings.log_format,
         &settings.log_level,
         None,
         crate::observability::Journal::Off,
     )
     .context("setting up logging")?;
+    crate::node::require_cgroup_v2("the pressure monitor", &settings.paths.cgroup_root)?;
     if settings.throttle.relax_via == RelaxVia::Runtime {
         tracing::warn!("throttle.relax-via = \"runtime\" needs the plugin's NRI session; the monitor alone writes the cgroup file");
     }
@@ -129,7 +130,12 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
 fn refused_to_start(e: config::ConfigError, prelaunched: bool) -> AppError {
     if prelaunched {
         let journal = crate::observability::Journal::IfPresent;
-        if crate::observability::init("text", "info", None, journal).is_ok() {
+        if crate::observability::init(
+            crate::observability::LogFormat::Text,
+            "info",
+            None,
+            journal,
+        ).is_ok() {
             tracing::error!(error = %e, "nri-qos refuses to start: its configuration is not valid; the runtime runs containers without it");
         }
     }
@@ -138,7 +144,7 @@ fn refused_to_start(e: config::ConfigError, prelaunched: bool) -> AppError {
 
 fn init_logging(cfg: &Config, prelaunched: bool) -> Result<(), AppError> {
     crate::observability::init(
-        &cfg.plugin.log_format,
+        cfg.plugin.log_format,
         &cfg.plugin.log_level,
         cfg.plugin.log_file.as_deref(),
         // The runtime discards a pre-launched plugin's stderr.
@@ -228,13 +234,13 @@ fn start_tasks(
         ));
     }
     if !node.cgroup_v2 {
-        tracing::warn!(
-            cgroup_root = %cfg.node.cgroup_root.display(),
-            "cgroup v1 node: cpu.weight and memory.min/low/high are skipped (runc rejects unified keys there), \
-             the hierarchy keeper is off; CPU clamps and oom_score_adj still apply"
-        );
+        tracing::warn!("{}", crate::node::cgroup_v1_notice(&cfg.node.cgroup_root));
     }
-    start_watchers(cfg, plugin, kube);
+    let watched = "the throttle guard and the pressure monitor";
+    match crate::node::require_cgroup_v2(watched, &cfg.node.cgroup_root) {
+        Ok(()) => start_watchers(cfg, plugin, kube),
+        Err(e) => tracing::error!(error = %e, "throttle guard and pressure monitor not started"),
+    }
 }
 
 /// The throttle guard (unless `[throttle] enabled = false`) and the

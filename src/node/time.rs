@@ -53,9 +53,18 @@ pub fn nanos_i64(d: Duration) -> i64 {
 #[serde(try_from = "String", into = "String")]
 pub struct HumanDuration(pub Duration);
 
+/// A duration that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("invalid duration {0:?} (want e.g. 250ms, 2s, 5m)")]
+    Number(String),
+    #[error("unknown duration unit in {0:?}")]
+    Unit(String),
+}
+
 impl TryFrom<String> for HumanDuration {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = DurationError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
         s.parse()
     }
 }
@@ -67,19 +76,19 @@ impl From<HumanDuration> for String {
 }
 
 impl std::str::FromStr for HumanDuration {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = DurationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let n: u64 = num
             .parse()
-            .map_err(|_| format!("invalid duration {s:?} (want e.g. 250ms, 2s, 5m)"))?;
+            .map_err(|_| DurationError::Number(s.to_string()))?;
         let d = match unit {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
             "m" => Duration::from_secs(n.saturating_mul(60)),
-            _ => return Err(format!("unknown duration unit in {s:?}")),
+            _ => return Err(DurationError::Unit(s.to_string())),
         };
         Ok(HumanDuration(d))
     }
