@@ -63,7 +63,7 @@ impl Watchers {
         let evictor: SharedEvictor = evictor.shared();
         let clock: Arc<dyn Clock> = Arc::new(SystemClock::default());
         let guard = self.guard.map(|cfg| {
-            let with = guard::Running {
+            let with = guard::GuardHandles {
                 tree: self.tree,
                 pods: self.pods.clone(),
                 evictor: evictor.clone(),
@@ -76,7 +76,7 @@ impl Watchers {
             Box::pin(async move { guard::run(cfg, with).await.map_err(AppError::from) }) as Task
         });
         let monitor = self.monitor.map(|(cfg, paths)| {
-            let with = pressure::Running {
+            let with = pressure::MonitorHandles {
                 pods: self.pods,
                 evictor,
                 clock,

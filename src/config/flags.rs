@@ -8,7 +8,7 @@ use super::{Config, ConfigError};
 use crate::guard::ThrottleConfig;
 use crate::nri::Identity;
 use crate::observability::LogFormat;
-use crate::pressure::config::{HumanDuration, MonitorConfig, Quantity};
+use crate::pressure::config::{HumanDuration, MonitorConfig, SizeOrPercent};
 use crate::pressure::Paths;
 
 /// Flags of `nri-qos run` (the default command).
@@ -137,10 +137,10 @@ pub struct MonitorArgs {
     pub dry_run: bool,
     /// Overrides hard-threshold, e.g. 100Mi or 2%.
     #[arg(long)]
-    pub hard_threshold: Option<Quantity>,
+    pub hard_threshold: Option<SizeOrPercent>,
     /// Overrides soft-threshold (0 = off).
     #[arg(long)]
-    pub soft_threshold: Option<Quantity>,
+    pub soft_threshold: Option<SizeOrPercent>,
     /// Overrides soft-grace-period, e.g. 2s.
     #[arg(long)]
     pub soft_grace_period: Option<HumanDuration>,

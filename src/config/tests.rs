@@ -1,5 +1,5 @@
 use super::*;
-use crate::pressure::config::Quantity;
+use crate::pressure::config::SizeOrPercent;
 use clap::Parser;
 
 #[test]
@@ -381,8 +381,8 @@ fn pressure_cli_flags_override_file() {
     assert_eq!(paths.cgroup_root, PathBuf::from("/tmp/cg"));
     assert_eq!(paths.proc_root, PathBuf::from("/proc"));
     assert!(cfg.dry_run);
-    assert_eq!(cfg.hard_threshold, Quantity::Bytes(200 << 20));
-    assert_eq!(cfg.soft_threshold, Quantity::Bytes(0));
+    assert_eq!(cfg.hard_threshold, SizeOrPercent::Bytes(200 << 20));
+    assert_eq!(cfg.soft_threshold, SizeOrPercent::Bytes(0));
     assert_eq!(cfg.cooldown.to_string(), "3s");
     assert_eq!(cfg.check_interval.to_string(), "250ms");
     assert!(Wrap::try_parse_from(["x", "--hard-threshold", "lots"]).is_err());

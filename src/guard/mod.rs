@@ -46,7 +46,7 @@ pub use decide::{
     rate, Signal, Signals, ThrottleDecision, Throttles, PSI_AFTER_RELAX, PSI_SETTLE, RATE_WINDOW,
 };
 pub use relax::{high_value, FileRelaxer};
-pub use runner::{run, Running};
+pub use runner::{run, GuardHandles};
 pub use sample::{EventCounts, Filter, Sample};
 
 use crate::evict::{self, Acted, PodScanner, PodTree, SharedEvictor};

@@ -4,7 +4,7 @@
 
 use super::sample::Sample;
 use crate::node::cgroupfs as stat;
-use crate::node::relax::{RelaxRequest, Relaxer};
+use crate::node::relax::{RelaxError, RelaxRequest, Relaxer};
 
 /// memory.high as written to the file: bytes, or "max".
 pub fn high_value(v: Option<u64>) -> String {
@@ -29,9 +29,8 @@ impl Sample {
 pub struct FileRelaxer;
 
 impl Relaxer for FileRelaxer {
-    fn relax(&self, r: &RelaxRequest) -> Result<&'static str, String> {
-        stat::write_file(&r.cgroup.join("memory.high"), &r.value)
-            .map(|()| "cgroup-file")
-            .map_err(|e| e.to_string())
+    fn relax(&self, r: &RelaxRequest) -> Result<&'static str, RelaxError> {
+        stat::write_file(&r.cgroup.join("memory.high"), &r.value)?;
+        Ok("cgroup-file")
     }
 }

@@ -1,4 +1,4 @@
-//! Running the guard: a thread of its own that looks, sleeps until the
+//! GuardHandles the guard: a thread of its own that looks, sleeps until the
 //! next look (`interval` while a container is under throttle,
 //! `check-interval` while none is), and stops when its future is dropped.
 //! A thread, not a task, for the reasons the monitor gives (one wake-up
@@ -18,7 +18,7 @@ use crate::node::relax::Relaxer;
 use crate::node::time::Clock;
 
 /// What the guard runs with besides its settings.
-pub struct Running {
+pub struct GuardHandles {
     pub tree: PodTree,
     /// Pod facts: the plugin's registry (and the API server's), or none.
     pub pods: Arc<dyn PodRegistry>,
@@ -34,7 +34,7 @@ pub struct Running {
 }
 
 /// Runs the guard until the future is dropped.
-pub async fn run(cfg: ThrottleConfig, with: Running) -> Result<(), GuardError> {
+pub async fn run(cfg: ThrottleConfig, with: GuardHandles) -> Result<(), GuardError> {
     cfg.validate()?;
     let mut guard = Guard::new(cfg.clone(), with.tree.clone(), with.pods, with.evictor)
         .with_relaxer(with.relaxer);

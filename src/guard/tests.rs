@@ -385,6 +385,17 @@ fn throttle_never_evicts_a_node_critical_burstable_pod() {
     assert!(!killed(&c) && ops.killed.lock().unwrap().is_empty());
 }
 
+/// A pod with only its sandbox (pause) left is neither relaxed nor evicted,
+/// however long it reads as stalled.
+#[test]
+fn throttle_never_touches_a_pause_only_pod() {
+    let f = Fake::new(Driver::Systemd);
+    let p = f.pod("p-12", QosClass::Burstable, 300 * MI, 64 * MI, "pause");
+    let (mut m, ops) = throttle_monitor(&f, Pods::default());
+    assert_eq!(stall_until_acted(&f, &mut m, &[&p]), None);
+    assert!(!killed(&p) && ops.killed.lock().unwrap().is_empty());
+}
+
 /// One eviction in flight across the guard and the node-pressure monitor:
 /// while the monitor's victim has not emptied, and during the cooldown
 /// after it, the guard evicts nothing; then it does.

@@ -10,16 +10,16 @@
 
 use std::time::Duration;
 
-use super::config::{MonitorConfig, Quantity};
+use super::config::{MonitorConfig, SizeOrPercent};
 pub use crate::evict::Hold;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecideConfig {
-    pub hard: Quantity,
+    pub hard: SizeOrPercent,
     /// Zero disables the soft threshold.
-    pub soft: Quantity,
+    pub soft: SizeOrPercent,
     pub soft_grace: Duration,
-    pub min_reclaim: Quantity,
+    pub min_reclaim: SizeOrPercent,
     pub transition: Duration,
     pub reclaim: bool,
     pub reclaim_interval: Duration,
@@ -49,7 +49,7 @@ pub enum Reason {
 /// What to do now. `deficit` = bytes needed to get back to threshold +
 /// min-reclaim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
+pub enum PressurePlan {
     /// No threshold met.
     Calm,
     /// Soft threshold met, within grace, reclaim already done recently.
@@ -66,7 +66,7 @@ pub enum Plan {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
-    pub plan: Plan,
+    pub plan: PressurePlan,
     /// The node-pressure condition (with transition period).
     pub pressure: bool,
     pub hard_met: bool,
@@ -168,7 +168,7 @@ impl Decider {
         }
 
         let mut v = Verdict {
-            plan: Plan::Calm,
+            plan: PressurePlan::Calm,
             pressure: self.pressure,
             hard_met: self.hard_met,
             soft_met: self.soft_met,
@@ -178,20 +178,20 @@ impl Decider {
         };
 
         if let Some(h) = hold {
-            v.plan = Plan::Hold(h);
+            v.plan = PressurePlan::Hold(h);
             return v;
         }
 
         let deficit = |t: u64| t.saturating_add(mr).saturating_sub(available);
         v.plan = if self.hard_met {
-            Plan::Evict {
+            PressurePlan::Evict {
                 reason: Reason::Hard,
                 deficit: deficit(hard),
             }
         } else if self.soft_met {
             let since = self.soft_since.unwrap_or(now);
             if now.saturating_sub(since) >= self.cfg.soft_grace {
-                Plan::Evict {
+                PressurePlan::Evict {
                     reason: Reason::Soft,
                     deficit: deficit(soft),
                 }
@@ -201,14 +201,14 @@ impl Decider {
                     .is_none_or(|t| now.saturating_sub(t) >= self.cfg.reclaim_interval)
             {
                 self.last_reclaim = Some(now);
-                Plan::Reclaim {
+                PressurePlan::Reclaim {
                     deficit: deficit(soft),
                 }
             } else {
-                Plan::Watch
+                PressurePlan::Watch
             }
         } else {
-            Plan::Calm
+            PressurePlan::Calm
         };
         v
     }
@@ -244,10 +244,10 @@ mod tests {
 
     fn cfg() -> DecideConfig {
         DecideConfig {
-            hard: Quantity::Bytes(100 * MI),
-            soft: Quantity::Bytes(300 * MI),
+            hard: SizeOrPercent::Bytes(100 * MI),
+            soft: SizeOrPercent::Bytes(300 * MI),
             soft_grace: Duration::from_secs(2),
-            min_reclaim: Quantity::Bytes(64 * MI),
+            min_reclaim: SizeOrPercent::Bytes(64 * MI),
             transition: Duration::from_secs(10),
             reclaim: true,
             reclaim_interval: Duration::from_secs(1),
@@ -262,7 +262,7 @@ mod tests {
     fn pressure_decide_calm_above_thresholds() {
         let mut d = Decider::new(cfg());
         let v = d.observe(ms(0), 4096 * MI, CAP, None);
-        assert_eq!(v.plan, Plan::Calm);
+        assert_eq!(v.plan, PressurePlan::Calm);
         assert!(!v.pressure && !d.busy());
     }
 
@@ -272,7 +272,7 @@ mod tests {
         let v = d.observe(ms(0), 90 * MI, CAP, None);
         assert_eq!(
             v.plan,
-            Plan::Evict {
+            PressurePlan::Evict {
                 reason: Reason::Hard,
                 deficit: 74 * MI
             }
@@ -282,7 +282,7 @@ mod tests {
         assert!(v.hard_met);
         assert!(matches!(
             v.plan,
-            Plan::Evict {
+            PressurePlan::Evict {
                 reason: Reason::Hard,
                 ..
             }
@@ -299,19 +299,22 @@ mod tests {
         let mut d = Decider::new(cfg());
         assert_eq!(
             d.observe(ms(0), 250 * MI, CAP, None).plan,
-            Plan::Reclaim { deficit: 114 * MI }
+            PressurePlan::Reclaim { deficit: 114 * MI }
         );
         // Reclaim is paced by reclaim-interval.
-        assert_eq!(d.observe(ms(500), 250 * MI, CAP, None).plan, Plan::Watch);
+        assert_eq!(
+            d.observe(ms(500), 250 * MI, CAP, None).plan,
+            PressurePlan::Watch
+        );
         assert_eq!(
             d.observe(ms(1000), 250 * MI, CAP, None).plan,
-            Plan::Reclaim { deficit: 114 * MI }
+            PressurePlan::Reclaim { deficit: 114 * MI }
         );
         assert!(!d.still_warranted(ms(1500), 250 * MI, CAP));
         let v = d.observe(ms(2000), 250 * MI, CAP, None);
         assert!(matches!(
             v.plan,
-            Plan::Evict {
+            PressurePlan::Evict {
                 reason: Reason::Soft,
                 ..
             }
@@ -327,11 +330,11 @@ mod tests {
         d.observe(ms(1600), 250 * MI, CAP, None); // met again: grace restarts
         assert!(!matches!(
             d.observe(ms(3000), 250 * MI, CAP, None).plan,
-            Plan::Evict { .. }
+            PressurePlan::Evict { .. }
         ));
         assert!(matches!(
             d.observe(ms(3600), 250 * MI, CAP, None).plan,
-            Plan::Evict { .. }
+            PressurePlan::Evict { .. }
         ));
     }
 
@@ -342,20 +345,20 @@ mod tests {
         let mut d = Decider::new(cfg());
         assert!(matches!(
             d.observe(ms(0), 50 * MI, CAP, None).plan,
-            Plan::Evict { .. }
+            PressurePlan::Evict { .. }
         ));
         let v = d.observe(ms(100), 50 * MI, CAP, Some(Hold::KillInFlight));
-        assert_eq!(v.plan, Plan::Hold(Hold::KillInFlight));
+        assert_eq!(v.plan, PressurePlan::Hold(Hold::KillInFlight));
         assert!(v.hard_met && v.pressure);
         let cooling = Some(Hold::Cooldown { remaining: ms(900) });
         assert_eq!(
             d.observe(ms(400), 50 * MI, CAP, cooling).plan,
-            Plan::Hold(Hold::Cooldown { remaining: ms(900) })
+            PressurePlan::Hold(Hold::Cooldown { remaining: ms(900) })
         );
         assert!(d.busy());
         assert!(matches!(
             d.observe(ms(1300), 50 * MI, CAP, None).plan,
-            Plan::Evict { .. }
+            PressurePlan::Evict { .. }
         ));
     }
 
@@ -367,20 +370,23 @@ mod tests {
         assert!(d.observe(ms(9_999), 8 << 30, CAP, None).pressure);
         let v = d.observe(ms(10_000), 8 << 30, CAP, None);
         assert!(!v.pressure);
-        assert_eq!(v.plan, Plan::Calm);
+        assert_eq!(v.plan, PressurePlan::Calm);
     }
 
     #[test]
     fn pressure_decide_percent_and_disabled_soft() {
         let mut c = cfg();
-        c.hard = Quantity::Percent(10.0);
-        c.soft = Quantity::Bytes(0);
-        c.min_reclaim = Quantity::Bytes(0);
+        c.hard = SizeOrPercent::Percent(10.0);
+        c.soft = SizeOrPercent::Bytes(0);
+        c.min_reclaim = SizeOrPercent::Bytes(0);
         let mut d = Decider::new(c);
-        assert_eq!(d.observe(ms(0), 1000, 10_000, None).plan, Plan::Calm); // 1000 is not < 1000
+        assert_eq!(
+            d.observe(ms(0), 1000, 10_000, None).plan,
+            PressurePlan::Calm
+        ); // 1000 is not < 1000
         assert!(matches!(
             d.observe(ms(1), 999, 10_000, None).plan,
-            Plan::Evict { .. }
+            PressurePlan::Evict { .. }
         ));
     }
 
@@ -418,7 +424,7 @@ mod tests {
                 };
                 let v = d.observe(now, avail_mi * MI, CAP, hold);
                 match v.plan {
-                    Plan::Evict { reason, .. } => {
+                    PressurePlan::Evict { reason, .. } => {
                         prop_assert!(in_flight_since.is_none());
                         prop_assert!(now >= cooldown_until);
                         match reason {
@@ -427,9 +433,9 @@ mod tests {
                         }
                         in_flight_since = Some(now);
                     }
-                    Plan::Reclaim { .. } | Plan::Watch => prop_assert!(avail_mi < 364),
-                    Plan::Calm => prop_assert!(avail_mi >= 100),
-                    Plan::Hold(_) => prop_assert!(in_flight_since.is_some() || now < cooldown_until),
+                    PressurePlan::Reclaim { .. } | PressurePlan::Watch => prop_assert!(avail_mi < 364),
+                    PressurePlan::Calm => prop_assert!(avail_mi >= 100),
+                    PressurePlan::Hold(_) => prop_assert!(in_flight_since.is_some() || now < cooldown_until),
                 }
             }
         }

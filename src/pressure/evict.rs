@@ -51,7 +51,7 @@ impl StepReport {
 }
 
 impl Monitor {
-    /// Plan::Evict: one pod, the first the ranking and the path's
+    /// PressurePlan::Evict: one pod, the first the ranking and the path's
     /// safeguards allow.
     pub(super) fn evict(&mut self, e: Evicting<'_>, report: &mut StepReport) {
         let cands = self.scanner.candidates(PauseCheck::AtPick);

@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 pub use crate::node::time::{Clock, SystemClock};
 pub use config::MonitorConfig;
 pub use measure::{measure, measure_node, NodeMemory, WS_MEMINFO, WS_ROOT_STAT};
-pub use runner::{drive_with, run, Running};
+pub use runner::{drive_with, run, MonitorHandles};
 
 use crate::evict::pods::UsageError;
 use crate::evict::rank::RankPolicy;

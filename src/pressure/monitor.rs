@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::decide::{Plan, Verdict};
+use super::decide::{PressurePlan, Verdict};
 use super::evict::Evicting;
 use super::measure::{measure, NodeMemory};
 use super::{psi, Monitor, MonitorError, StepReport, Wake};
@@ -182,22 +182,22 @@ impl Monitor {
         report: &mut StepReport,
     ) {
         match verdict.plan {
-            Plan::Calm => {
+            PressurePlan::Calm => {
                 if matches!(wake, Wake::Psi { .. }) {
                     self.explain_psi(wake, now, &node, &verdict, report);
                 }
             }
-            Plan::Watch | Plan::Hold(_) => {
+            PressurePlan::Watch | PressurePlan::Hold(_) => {
                 tracing::debug!(plan = ?verdict.plan, available = node.effective_available(), "holding");
             }
-            Plan::Reclaim { deficit } => {
+            PressurePlan::Reclaim { deficit } => {
                 let cands = self.scanner.candidates(PauseCheck::AtPick);
                 let ranking = rank::rank(&cands, &self.policy);
                 self.log_decision("reclaim", wake, &node, &verdict, &cands, &ranking);
                 self.reclaim_top(deficit, &cands, &ranking, report);
                 self.lower_besteffort_high(&cands, &ranking);
             }
-            Plan::Evict { reason, deficit } => {
+            PressurePlan::Evict { reason, deficit } => {
                 let e = Evicting {
                     wake,
                     now,

@@ -1,4 +1,4 @@
-//! Running the monitor: the entry point, the monitor thread with its PSI
+//! MonitorHandles the monitor: the entry point, the monitor thread with its PSI
 //! triggers, and the loop that waits for a wake-up and steps.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +12,7 @@ use crate::evict::SharedEvictor;
 use crate::node::registry::PodRegistry;
 
 /// What the monitor runs with besides its settings.
-pub struct Running {
+pub struct MonitorHandles {
     /// Pod facts: the plugin's registry (and the API server's), or none.
     pub pods: Arc<dyn PodRegistry>,
     /// The eviction path, shared with the throttle guard when it runs.
@@ -25,7 +25,11 @@ pub struct Running {
 
 /// Runs the monitor until the future is dropped: `nri-qos monitor`, and
 /// the plugin's node-pressure monitor (`with-monitor`).
-pub async fn run(cfg: MonitorConfig, paths: Paths, with: Running) -> Result<(), MonitorError> {
+pub async fn run(
+    cfg: MonitorConfig,
+    paths: Paths,
+    with: MonitorHandles,
+) -> Result<(), MonitorError> {
     cfg.validate()?;
     let mut monitor = Monitor::new(cfg.clone(), paths.clone(), with.pods, with.evictor);
     if let Some(m) = with.metrics {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::decide::{Hold, Plan};
+use super::decide::{Hold, PressurePlan};
 use super::*;
 use crate::evict::kill::fake::FakeOps;
 use crate::evict::pods::{cgroup_working_set, derive_request};
@@ -68,7 +68,7 @@ fn pressure_single_pod_at_own_limit_evicts_nothing() {
     let (mut m, ops) = monitor(&f, MonitorConfig::default(), Pods::default());
 
     let r = m.step(&psi_wake(), ms(0));
-    assert_eq!(r.verdict.unwrap().plan, Plan::Calm);
+    assert_eq!(r.verdict.unwrap().plan, PressurePlan::Calm);
     w(
         &hog.join("app/memory.events.local"),
         "low 0\nhigh 0\nmax 57\noom 0\noom_kill 0\n",
@@ -78,7 +78,7 @@ fn pressure_single_pod_at_own_limit_evicts_nothing() {
     // Keep waking it for 20 s worth of trigger windows.
     for i in 2..200 {
         let r = m.step(&psi_wake(), ms(i * 100));
-        assert_eq!(r.verdict.unwrap().plan, Plan::Calm);
+        assert_eq!(r.verdict.unwrap().plan, PressurePlan::Calm);
         assert!(r.killed.is_none() && r.would_kill.is_none() && r.reclaimed.is_empty());
     }
     assert!(!killed(&hog) && !killed(&other));
@@ -179,7 +179,10 @@ fn pressure_hard_kills_one_pod_in_kubelet_order_then_waits() {
     // At most one kill in flight: still populated, so hold.
     for t in [100, 200, 300] {
         let r = m.step(&Wake::Tick, ms(t));
-        assert_eq!(r.verdict.unwrap().plan, Plan::Hold(Hold::KillInFlight));
+        assert_eq!(
+            r.verdict.unwrap().plan,
+            PressurePlan::Hold(Hold::KillInFlight)
+        );
         assert!(r.killed.is_none());
         assert_eq!(r.next_check, ms(100));
     }
@@ -188,7 +191,7 @@ fn pressure_hard_kills_one_pod_in_kubelet_order_then_waits() {
     let r = m.step(&Wake::Tick, ms(400));
     assert_eq!(
         r.verdict.unwrap().plan,
-        Plan::Hold(Hold::Cooldown {
+        PressurePlan::Hold(Hold::Cooldown {
             remaining: ms(1000)
         })
     );
@@ -233,7 +236,7 @@ fn pressure_stops_once_threshold_plus_min_reclaim_is_clear() {
     let r = m.step(&Wake::Tick, ms(2200));
     assert!(r.killed.is_none());
     let v = r.verdict.unwrap();
-    assert_eq!(v.plan, Plan::Calm);
+    assert_eq!(v.plan, PressurePlan::Calm);
     assert!(v.pressure);
     assert_eq!(r.next_check, ms(100));
 }
@@ -265,7 +268,10 @@ fn pressure_dry_run_writes_nothing() {
     let (mut m, _) = monitor(&f, cfg, Pods::default());
     f.node_ws(TOTAL - 250 * MI);
     let r = m.step(&Wake::Tick, ms(0));
-    assert!(matches!(r.verdict.unwrap().plan, Plan::Reclaim { .. }));
+    assert!(matches!(
+        r.verdict.unwrap().plan,
+        PressurePlan::Reclaim { .. }
+    ));
     assert!(!r.reclaimed.is_empty());
     for p in &paths {
         assert!(!killed(p));
@@ -285,7 +291,10 @@ fn pressure_soft_reclaims_lowers_besteffort_high_then_restores() {
     let (mut m, _) = monitor(&f, cfg, reg);
     f.node_ws(TOTAL - 250 * MI);
     let r = m.step(&Wake::Tick, ms(0));
-    assert_eq!(r.verdict.unwrap().plan, Plan::Reclaim { deficit: 114 * MI });
+    assert_eq!(
+        r.verdict.unwrap().plan,
+        PressurePlan::Reclaim { deficit: 114 * MI }
+    );
     assert_eq!(r.reclaimed, vec!["b-over", "be-1", "b-under"]);
     assert_eq!(
         fs::read_to_string(b_over.join("memory.reclaim")).unwrap(),
@@ -400,7 +409,7 @@ fn pressure_kill_wait_sees_the_cgroup_empty() {
     // Not in flight any more: only the cooldown holds the next decision.
     assert!(matches!(
         m.step(&Wake::Tick, ms(100)).verdict.unwrap().plan,
-        Plan::Hold(Hold::Cooldown { .. })
+        PressurePlan::Hold(Hold::Cooldown { .. })
     ));
 }
 
@@ -550,7 +559,10 @@ fn pressure_allocatable_signal_from_kubepods_limit() {
         ..MonitorConfig::default()
     };
     let (mut m, _) = monitor(&f, cfg, Pods::default());
-    assert_eq!(m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan, Plan::Calm);
+    assert_eq!(
+        m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan,
+        PressurePlan::Calm
+    );
 }
 
 /// The kubelet's memory.available leaves kernel memory out; the kernel's
@@ -580,7 +592,7 @@ fn pressure_mem_available_signal_counts_kernel_memory() {
     let (mut m, _) = monitor(&f, cfg, Pods::default());
     assert_ne!(
         m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan,
-        Plan::Evict {
+        PressurePlan::Evict {
             reason: decide::Reason::Hard,
             deficit: 24 * MI
         }

@@ -30,9 +30,11 @@ fn fields(mut d: &[u8]) -> Vec<String> {
                 // Binary-safe form: the length follows the key's newline.
                 let after = d.get(line_end + 1..).unwrap_or_default();
                 let Some(len) = after.get(..8) else { break };
-                let len = u64::from_le_bytes(len.try_into().unwrap_or_default()) as usize;
-                let value = after.get(8..8 + len).unwrap_or_default().to_vec();
-                (line, value, after.get(8 + len + 1..))
+                let len = u64::from_le_bytes(len.try_into().unwrap_or_default());
+                // A length past the datagram gives an empty value and ends the entry.
+                let end = usize::try_from(len).map_or(usize::MAX, |l| l.saturating_add(8));
+                let value = after.get(8..end).unwrap_or_default().to_vec();
+                (line, value, after.get(end.saturating_add(1)..))
             }
         };
         let value = String::from_utf8_lossy(&value)
