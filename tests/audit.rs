@@ -126,7 +126,7 @@ impl ContainerRequests for ApiRequests {
     }
 }
 
-/// Issue 18: the plugin protects a Burstable pod with its exact request
+/// The plugin protects a Burstable pod with its exact request
 /// from the API server, more than oom_score_adj inversion gives. Without
 /// the API, audit takes that protection for the kubelet's Memory QoS and
 /// checks nothing; with the pod listed from the API it expects the exact
@@ -386,7 +386,7 @@ fn a_hidden_kubelet_key_in_a_container_makes_its_pod_the_kubelets() {
     assert!(audit::render_table(&report).contains("(runtime)"));
 }
 
-/// Issue 14: a pod the kubelet's Memory QoS (TieredReservation, factor 0.9)
+/// A pod the kubelet's Memory QoS (TieredReservation, factor 0.9)
 /// protects. Its values are the kubelet's — never drift, owner `kubelet` —
 /// whether the runtime shows its `unified` keys (containerd 2.2+) or hides
 /// them (the pod cgroup carried protection before nri-qos wrote anything).

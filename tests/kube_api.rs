@@ -1124,7 +1124,7 @@ fn etcd_revision(port: u16) -> u64 {
         .unwrap()
 }
 
-/// Issue 18's watch expiry: a watch resumed from a resource version etcd
+/// Watch expiry: a watch resumed from a resource version etcd
 /// compacted away gets 410 Gone; the reflector relists and the relist
 /// replaces the store, so a pod created during the gap appears and one
 /// deleted during it disappears. The API server runs without its watch

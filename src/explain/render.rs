@@ -1,5 +1,5 @@
 //! The explained pod as the table `nri-qos explain` prints, and the
-//! README's oom_score_adj resolution table.
+//! big-nodes table of docs/policy.md (oom_score_adj resolution).
 
 use serde_json::Value;
 
@@ -8,7 +8,7 @@ use crate::node::cgroupfs::Owner;
 use crate::qos::formulas as f;
 use crate::table;
 
-/// The README's big-nodes table: how well a Burstable request can be
+/// The big-nodes table of docs/policy.md: how well a Burstable request can be
 /// recovered from oom_score_adj on nodes of `GiB` sizes (the kubelet's
 /// formula truncates 1000·request/MemTotal to an integer).
 pub fn inversion_table(gibs: &[u64]) -> String {

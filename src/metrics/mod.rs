@@ -2,8 +2,8 @@
 //! the monitor record into, and its text exposition (format 0.0.4). The
 //! loopback HTTP endpoint that serves it is `http.rs`.
 //!
-//! Metric names use the `nri_qos_` prefix: the issue's `nri-qos_` cannot be
-//! used because Prometheus names must match `[a-zA-Z_:][a-zA-Z0-9_:]*` (no `-`).
+//! Metric names use the `nri_qos_` prefix: `nri-qos_` cannot be used
+//! because Prometheus names must match `[a-zA-Z_:][a-zA-Z0-9_:]*` (no `-`).
 //!
 //! Hand-written rather than the `prometheus-client` crate: five metric
 //! families with label values from fixed sets fit in fixed arrays of atomics,
