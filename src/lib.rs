@@ -3,17 +3,17 @@
 //! monitor that evicts in QoS order.
 //!
 //! One folder per concern: `nri` speaks the wire protocol, `qos` is the pure
-//! policy, `cgroup` keeps the pod/QoS-level hierarchy, `pressure` watches the
+//! policy, `keeper` keeps the pod/QoS-level hierarchy, `pressure` watches the
 //! node's memory, `guard` the containers throttled at their memory.high,
 //! and both evict through `evict`.
 
 pub mod app;
 pub mod audit;
-pub mod cgroup;
 pub mod config;
 pub mod evict;
 pub mod explain;
 pub mod guard;
+pub mod keeper;
 pub mod kube;
 pub mod metrics;
 pub mod node;

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use common::*;
 use nri_qos::audit;
-use nri_qos::cgroup::HierarchyConfig;
+use nri_qos::keeper::HierarchyConfig;
 use nri_qos::node::cgroupfs::Owner;
 use nri_qos::node::registry::{ContainerRequests, RequestSource};
 use nri_qos::node::runtime::RuntimeQuirks;

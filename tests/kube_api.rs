@@ -427,7 +427,7 @@ fn kubelet_order(cands: &[Candidate]) -> Vec<String> {
     v.into_iter().map(|c| c.uid.clone()).collect()
 }
 
-fn notice(f: &nri_qos::kube::PodFacts, hard: bool) -> EvictionNotice {
+fn notice(f: &nri_qos::kube::ApiPodFacts, hard: bool) -> EvictionNotice {
     EvictionNotice {
         uid: f.uid.clone(),
         namespace: f.namespace.clone(),
@@ -444,7 +444,7 @@ fn notice(f: &nri_qos::kube::PodFacts, hard: bool) -> EvictionNotice {
     }
 }
 
-fn by_name(store: &PodStore, name: &str) -> Arc<nri_qos::kube::PodFacts> {
+fn by_name(store: &PodStore, name: &str) -> Arc<nri_qos::kube::ApiPodFacts> {
     store
         .all()
         .into_iter()

@@ -217,12 +217,12 @@ fn start_tasks(
         });
     }
     if cfg.hierarchy.enabled && node.cgroup_v2 && !cfg.plugin.dry_run {
-        let keeper = crate::cgroup::Keeper::new(
+        let keeper = crate::keeper::Keeper::new(
             cfg.node.cgroup_root.clone(),
             cfg.hierarchy.clone(),
             node.memory_capacity,
         );
-        tokio::spawn(crate::cgroup::keeper::run(
+        tokio::spawn(crate::keeper::run(
             keeper,
             plugin.registry(),
             plugin.subscribe_changes(),

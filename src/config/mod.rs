@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::cgroup::HierarchyConfig;
 use crate::evict::{EvictConfig, PodTree};
 use crate::guard::{ThrottleConfig, UnguardedMemoryHigh};
+use crate::keeper::HierarchyConfig;
 use crate::kube::KubernetesConfig;
 use crate::pressure::MonitorConfig;
 use crate::qos::policy::PolicyError;

@@ -6,9 +6,16 @@
 
 use std::path::Path;
 
-use super::*;
-use crate::node::layout::{container_cgroup_dir_in, pod_class};
+use tracing::info;
+
+use super::api;
+use super::QosPlugin;
+use crate::node::cgroupfs::Owner;
+use crate::node::layout::{container_cgroup_dir_in, pod_cgroups, pod_class};
+use crate::node::lock;
+use crate::node::registry::Registry;
 use crate::nri::view::{hidden_kubelet_key, only_the_kubelets};
+use crate::qos::{self, PolicyConfig};
 
 impl QosPlugin {
     /// PostStartContainer: a started container whose cgroup holds a
