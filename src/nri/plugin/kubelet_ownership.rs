@@ -25,7 +25,9 @@ impl QosPlugin {
     /// class count ([`crate::nri::view::kubelet_may_set`]). A few small reads, once per
     /// container until its pod is decided.
     pub(super) fn learn_owner_after_start(&self, container: &api::Container) {
-        if !self.owners_from_tree(&self.live().policy) {
+        // A runtime that shows the CRI's `unified` map (NRI v0.10 on) showed
+        // the kubelet's keys at creation: nothing is hidden to read.
+        if !self.owners_from_tree(&self.live().policy) || self.quirks().shows_unified {
             return;
         }
         let (pod_id, parent, path, known) = {
