@@ -408,7 +408,7 @@ impl QosPlugin {
         })
     }
 
-    /// A running container whose memory.high the monitor's throttle guard
+    /// A running container whose memory.high the throttle guard
     /// raised keeps it until it restarts or is resized: a plugin restart
     /// must not throttle it again.
     fn keep_relaxed_high(&self, c: &api::Container, adjustment: &mut qos::Adjustment) {
