@@ -187,128 +187,25 @@ impl QosPlugin {
         dropped: usize,
         answer_by: Option<Instant>,
     ) -> EncodedUpdates {
-        // Only CRI-O describes a resized container with its creation-time
-        // resources after a restart; elsewhere the report is current and
-        // two file reads per container would only slow the sync.
-        let quirks = self.quirks();
-        let forgets_resizes = quirks.forgets_resizes;
         let live = self.live();
-        let policy = &*live.policy;
-        let rules = (&self.settings.node, policy);
-        let api_pods = self.api_pods.as_deref();
-        let owners_from_tree = self.owners_from_tree(policy);
-        let adjust = self.settings.adjust_existing && !live.dry_run;
-        // Of two pods with one id, the later one describes it (as a map
-        // keeps it); with it, the indices of its containers.
-        let mut pods: HashMap<&str, (usize, Vec<usize>)> = HashMap::with_capacity(source.pods());
-        for p in 0..source.pods() {
-            pods.insert(source.pod_id(p), (p, Vec::new()));
-        }
-        for i in 0..source.containers() {
-            let pod_id = source.container_pod_id(i);
-            match pod_id.and_then(|id| pods.get_mut(id)) {
-                Some((_, members)) => members.push(i),
-                None => {
-                    let c = source.container(i);
-                    let id = c.as_ref().map_or("", |c| c.id.as_str());
-                    debug!(container = %id, "synchronized container without a known pod; skipped")
-                }
-            }
-        }
-        let mut new_pods: HashMap<String, PodRecord> = HashMap::with_capacity(source.pods());
-        let mut new_containers: HashMap<String, ContainerRecord> =
-            HashMap::with_capacity(source.containers());
-        let mut updates = EncodedUpdates::default();
-        let mut skipped = 0usize;
+        let pass = SyncPass {
+            quirks: self.quirks(),
+            rules: (&self.settings.node, &*live.policy),
+            api_pods: self.api_pods.as_deref(),
+            owners_from_tree: self.owners_from_tree(&live.policy),
+            adjust: self.settings.adjust_existing && !live.dry_run,
+            answer_by,
+        };
+        let mut built = SyncBuilt::with_capacity(&source);
+        let mut members = members_by_pod(&source);
         for first in 0..source.pods() {
             // The first description of an id takes the pod's turn; the
             // later ones find it gone.
             let first_id = source.pod_id(first);
-            let Some((later, members)) = pods.remove(first_id) else {
+            let Some((later, containers)) = members.remove(first_id) else {
                 continue;
             };
-            let Some(pod) = source.pod(later) else {
-                continue;
-            };
-            let pod = &*pod;
-            let mut pod_facts = convert::pod_from_wire(pod);
-            // Answer in time with what we have rather than be dropped for
-            // being late; the rest is learnt from later events.
-            if skipped > 0 || answer_by.is_some_and(|t| Instant::now() > t) {
-                skipped += members.len();
-                new_pods.insert(first_id.into(), pod_record(first_id, &pod_facts));
-                continue;
-            }
-            let get = |&i: &usize| source.container(i).map(|c| (i, c));
-            let members: Vec<_> = members.iter().filter_map(get).collect();
-            let kernel: Vec<Option<api::LinuxResources>> = if forgets_resizes {
-                let limits = |(_, c): &(usize, Cow<api::Container>)| self.resources_from_kernel(c);
-                members.iter().map(limits).collect()
-            } else {
-                Vec::new()
-            };
-            let decide_all = |pod_facts: &qos::PodFacts| -> Vec<Decided> {
-                let one = |(k, (_, c)): (usize, &(usize, Cow<api::Container>))| {
-                    let started = Instant::now();
-                    let source = match kernel.get(k).and_then(Option::as_ref) {
-                        Some(r) => view::Source::KernelLimits(r),
-                        None => view::Source::Reported,
-                    };
-                    let (facts, d) = view::decide(pod_facts, c, source, &quirks, rules, api_pods);
-                    (k, facts, d, started)
-                };
-                members.iter().enumerate().map(one).collect()
-            };
-            // In a Synchronize nothing is seen for the first time: a pod is
-            // the kubelet's only where the rules below (or before) say so.
-            let pod_cg = owners_from_tree
-                .then(|| pod_cgroups(&pod_facts.cgroup_parent))
-                .flatten();
-            if let Some(cg) = &pod_cg {
-                let reg = lock(&self.registry);
-                pod_facts.kubelet_memory_qos = reg.owners.get(&cg.pod) == Some(&Owner::Kubelet);
-            }
-            let mut decided = decide_all(&pod_facts);
-            let unknown = pod_cg.filter(|_| !pod_facts.kubelet_memory_qos);
-            let report_current = !forgets_resizes;
-            if unknown.is_some_and(|cg| {
-                self.kubelet_found_in_sync(pod, cg, &members, &decided, report_current)
-            }) {
-                pod_facts.kubelet_memory_qos = true;
-                decided = decide_all(&pod_facts);
-            }
-            let recorded = !decided.is_empty();
-            for (k, facts, decision, started) in decided {
-                let (i, c) = &members[k];
-                let (i, c) = (*i, &**c);
-                let record = container_record(pod, &pod_facts, c, facts, &decision, started);
-                new_containers.insert(c.id.clone(), record);
-                let running = matches!(
-                    c.state.enum_value(),
-                    Ok(api::ContainerState::CONTAINER_RUNNING
-                        | api::ContainerState::CONTAINER_CREATED)
-                );
-                if !adjust || !running {
-                    continue;
-                }
-                let mut adjustment = decision.adjustment;
-                self.keep_relaxed_high(c, &mut adjustment);
-                // oom_score_adj cannot travel in an update; the runtime
-                // applies the rest through UpdateContainerResources.
-                if let Some(u) = convert::update_to_wire(&c.id, adjustment, true) {
-                    updates.push(i, &u);
-                }
-            }
-            // A pod id sent twice keeps its first description unless one
-            // of its containers was recorded with the later one.
-            let first_sent = (!recorded && later != first)
-                .then(|| source.pod(first))
-                .flatten();
-            let record = match first_sent {
-                Some(first) => pod_record(first_id, &convert::pod_from_wire(&first)),
-                None => pod_record(&pod.id, &pod_facts),
-            };
-            new_pods.insert(first_id.into(), record);
+            self.sync_pod(&pass, &source, (first, later), &containers, &mut built);
         }
         // The request's containers are freed only now, all at once, and
         // before the updates are decoded into the space they leave: records
@@ -317,19 +214,9 @@ impl QosPlugin {
         // was answered (RssAnon after a node-sized sync 4.6 -> 2.3 MiB).
         let (pods, containers) = (source.pods(), source.containers());
         drop(source);
-        {
-            let mut reg = lock(&self.registry);
-            // A pod-level resize told to this process stands: the runtime
-            // reports a pod with the resources it was created with.
-            for (id, pod) in new_pods.iter_mut() {
-                if let Some(known) = reg.pods.get(id) {
-                    pod.memory_limit = known.memory_limit;
-                }
-            }
-            reg.pods = new_pods;
-            reg.containers = new_containers;
-        }
+        self.install_records(built.pods, built.containers);
         self.notify_changed();
+        let updates = built.updates;
         let mut counters = lock(&self.counters);
         counters.synchronized += containers as u64;
         counters.updated += updates.spans.len() as u64;
@@ -339,15 +226,150 @@ impl QosPlugin {
             updates = updates.spans.len(),
             "synchronized with the runtime"
         );
-        if dropped + skipped + updates.left_out > 0 {
+        if dropped + built.skipped + updates.left_out > 0 {
             warn!(
                 dropped,
-                not_decided = skipped,
+                not_decided = built.skipped,
                 updates_left_out = updates.left_out,
                 "Synchronize was partial (see the reassembly bounds); the rest is handled as events arrive"
             );
         }
         updates
+    }
+
+    /// One pod of a Synchronize: its containers decided, recorded and, where
+    /// they run, updated. `first` is where its id was first sent, `later`
+    /// the description that counts (of two with one id, the later one, as a
+    /// map keeps it).
+    fn sync_pod(
+        &self,
+        pass: &SyncPass<'_>,
+        source: &SyncSource,
+        (first, later): (usize, usize),
+        containers: &[usize],
+        built: &mut SyncBuilt,
+    ) {
+        let first_id = source.pod_id(first);
+        let Some(pod) = source.pod(later) else {
+            return;
+        };
+        let pod = &*pod;
+        let pod_facts = convert::pod_from_wire(pod);
+        // Answer in time with what we have rather than be dropped for
+        // being late; the rest is learnt from later events.
+        if built.skipped > 0 || pass.answer_by.is_some_and(|t| Instant::now() > t) {
+            built.skipped += containers.len();
+            built
+                .pods
+                .insert(first_id.into(), pod_record(first_id, &pod_facts));
+            return;
+        }
+        let get = |&i: &usize| source.container(i).map(|c| (i, c));
+        let members: Vec<_> = containers.iter().filter_map(get).collect();
+        let (pod_facts, decided) = self.decide_synchronized(pass, pod, pod_facts, &members);
+        let recorded = !decided.is_empty();
+        for (k, facts, decision, started) in decided {
+            let (i, c) = &members[k];
+            let record = container_record(pod, &pod_facts, c, facts, &decision, started);
+            built.containers.insert(c.id.clone(), record);
+            if pass.adjust && is_running(c) {
+                let mut adjustment = decision.adjustment;
+                self.keep_relaxed_high(c, &mut adjustment);
+                // oom_score_adj cannot travel in an update; the runtime
+                // applies the rest through UpdateContainerResources.
+                if let Some(u) = convert::update_to_wire(&c.id, adjustment, true) {
+                    built.updates.push(*i, &u);
+                }
+            }
+        }
+        // A pod id sent twice keeps its first description unless one
+        // of its containers was recorded with the later one.
+        let first_sent = (!recorded && later != first)
+            .then(|| source.pod(first))
+            .flatten();
+        let record = match first_sent {
+            Some(first) => pod_record(first_id, &convert::pod_from_wire(&first)),
+            None => pod_record(&pod.id, &pod_facts),
+        };
+        built.pods.insert(first_id.into(), record);
+    }
+
+    /// Decides a synchronized pod's containers, with the kubelet's Memory
+    /// QoS as the owners known so far say, or as the pod's cgroups show it.
+    fn decide_synchronized(
+        &self,
+        pass: &SyncPass<'_>,
+        pod: &api::PodSandbox,
+        mut pod_facts: qos::PodFacts,
+        members: &Members<'_>,
+    ) -> (qos::PodFacts, Vec<Decided>) {
+        // Only CRI-O describes a resized container with its creation-time
+        // resources after a restart; elsewhere the report is current and
+        // two file reads per container would only slow the sync.
+        let forgets_resizes = pass.quirks.forgets_resizes;
+        let kernel: Vec<Option<api::LinuxResources>> = if forgets_resizes {
+            let limits = |(_, c): &(usize, Cow<api::Container>)| self.resources_from_kernel(c);
+            members.iter().map(limits).collect()
+        } else {
+            Vec::new()
+        };
+        let decide_all = |pod_facts: &qos::PodFacts| -> Vec<Decided> {
+            let one = |(k, (_, c)): (usize, &(usize, Cow<api::Container>))| {
+                let started = Instant::now();
+                let source = match kernel.get(k).and_then(Option::as_ref) {
+                    Some(r) => view::Source::KernelLimits(r),
+                    None => view::Source::Reported,
+                };
+                let (facts, d) = view::decide(
+                    pod_facts,
+                    c,
+                    source,
+                    &pass.quirks,
+                    pass.rules,
+                    pass.api_pods,
+                );
+                (k, facts, d, started)
+            };
+            members.iter().enumerate().map(one).collect()
+        };
+        // In a Synchronize nothing is seen for the first time: a pod is
+        // the kubelet's only where the rules below (or before) say so.
+        let pod_cg = pass
+            .owners_from_tree
+            .then(|| pod_cgroups(&pod_facts.cgroup_parent))
+            .flatten();
+        if let Some(cg) = &pod_cg {
+            let reg = lock(&self.registry);
+            pod_facts.kubelet_memory_qos = reg.owners.get(&cg.pod) == Some(&Owner::Kubelet);
+        }
+        let mut decided = decide_all(&pod_facts);
+        let unknown = pod_cg.filter(|_| !pod_facts.kubelet_memory_qos);
+        let report_current = !forgets_resizes;
+        if unknown.is_some_and(|cg| {
+            self.kubelet_found_in_sync(pod, cg, members, &decided, report_current)
+        }) {
+            pod_facts.kubelet_memory_qos = true;
+            decided = decide_all(&pod_facts);
+        }
+        (pod_facts, decided)
+    }
+
+    /// The records of a Synchronize replace the registry's in one step.
+    fn install_records(
+        &self,
+        mut pods: HashMap<String, PodRecord>,
+        containers: HashMap<String, ContainerRecord>,
+    ) {
+        let mut reg = lock(&self.registry);
+        // A pod-level resize told to this process stands: the runtime
+        // reports a pod with the resources it was created with.
+        for (id, pod) in pods.iter_mut() {
+            if let Some(known) = reg.pods.get(id) {
+                pod.memory_limit = known.memory_limit;
+            }
+        }
+        reg.pods = pods;
+        reg.containers = containers;
     }
 
     /// After a restart nothing says what we wrote before: a pod cgroup with
@@ -489,6 +511,65 @@ impl EncodedUpdates {
         };
         self.spans.iter().filter_map(decode).collect()
     }
+}
+
+/// What every pod of one Synchronize is decided with.
+struct SyncPass<'a> {
+    quirks: RuntimeQuirks,
+    rules: view::Rules<'a>,
+    api_pods: Option<&'a dyn ContainerRequests>,
+    owners_from_tree: bool,
+    adjust: bool,
+    answer_by: Option<Instant>,
+}
+
+/// What a Synchronize builds: the registry's next records and the updates.
+struct SyncBuilt {
+    pods: HashMap<String, PodRecord>,
+    containers: HashMap<String, ContainerRecord>,
+    updates: EncodedUpdates,
+    /// Containers left undecided to answer in time.
+    skipped: usize,
+}
+
+impl SyncBuilt {
+    fn with_capacity(source: &SyncSource) -> Self {
+        Self {
+            pods: HashMap::with_capacity(source.pods()),
+            containers: HashMap::with_capacity(source.containers()),
+            updates: EncodedUpdates::default(),
+            skipped: 0,
+        }
+    }
+}
+
+/// Each pod id with the index of its description that counts (of two with
+/// one id, the later one, as a map keeps it) and its containers' indices.
+fn members_by_pod(source: &SyncSource) -> HashMap<&str, (usize, Vec<usize>)> {
+    let mut pods: HashMap<&str, (usize, Vec<usize>)> = HashMap::with_capacity(source.pods());
+    for p in 0..source.pods() {
+        pods.insert(source.pod_id(p), (p, Vec::new()));
+    }
+    for i in 0..source.containers() {
+        let pod_id = source.container_pod_id(i);
+        match pod_id.and_then(|id| pods.get_mut(id)) {
+            Some((_, members)) => members.push(i),
+            None => {
+                let c = source.container(i);
+                let id = c.as_ref().map_or("", |c| c.id.as_str());
+                debug!(container = %id, "synchronized container without a known pod; skipped")
+            }
+        }
+    }
+    pods
+}
+
+/// A container a runtime update can still reach.
+fn is_running(c: &api::Container) -> bool {
+    matches!(
+        c.state.enum_value(),
+        Ok(api::ContainerState::CONTAINER_RUNNING | api::ContainerState::CONTAINER_CREATED)
+    )
 }
 
 #[cfg(test)]
