@@ -174,20 +174,10 @@ pub fn audit(
         e.1 = e.1.saturating_add(bytes("memory.low").unwrap_or(0));
 
         let name = format!("{}/{}/{}", pod_facts.namespace, pod_facts.name, facts.name);
-        let Some(rel) = container_cgroup_dir(&facts.cgroups_path) else {
-            report.skipped.push(format!(
-                "{name}: cgroups path {:?} not understood",
-                facts.cgroups_path
-            ));
+        let Some((rel, dir)) = container_dir(&name, &facts, cgroup_root, &mut report.skipped)
+        else {
             continue;
         };
-        let dir = cgroup_root.join(&rel);
-        if !dir.is_dir() {
-            report
-                .skipped
-                .push(format!("{name}: no cgroup at {}", dir.display()));
-            continue;
-        }
         let mut checks = if node.cgroup_v2 {
             cgroup_checks(&dir, &d, &eff, &facts, kubelet_pod || explicit)
         } else {
@@ -210,6 +200,29 @@ pub fn audit(
         hierarchy_checks(&pods, node, hierarchy, cgroup_root, explicit, &mut report);
     }
     report
+}
+
+/// The container's cgroup, relative to the root and joined to it; where it
+/// cannot be found, why, among the skipped.
+fn container_dir(
+    name: &str,
+    facts: &qos::ContainerFacts,
+    cgroup_root: &Path,
+    skipped: &mut Vec<String>,
+) -> Option<(PathBuf, PathBuf)> {
+    let Some(rel) = container_cgroup_dir(&facts.cgroups_path) else {
+        skipped.push(format!(
+            "{name}: cgroups path {:?} not understood",
+            facts.cgroups_path
+        ));
+        return None;
+    };
+    let dir = cgroup_root.join(&rel);
+    if !dir.is_dir() {
+        skipped.push(format!("{name}: no cgroup at {}", dir.display()));
+        return None;
+    }
+    Some((rel, dir))
 }
 
 /// Which pods the kubelet's Memory QoS protects, by the plugin's rules:
