@@ -15,6 +15,7 @@ use nri_qos::node::cgroupfs::Owner;
 use nri_qos::node::registry::{ContainerRequests, RequestSource};
 use nri_qos::node::runtime::RuntimeQuirks;
 use nri_qos::nri::convert;
+use nri_qos::nri::convert::OomField;
 use nri_qos::nri::proto::api;
 use nri_qos::qos::{self, NodeFacts};
 use tokio::net::UnixListener;
@@ -526,7 +527,7 @@ fn a_restarted_runtimes_merged_report_is_audited_as_the_plugin_reads_it() {
         (&NODE, &policy),
         None,
     );
-    let adjust = view::create_adjustment(d.adjustment, true);
+    let adjust = view::create_adjustment(d.adjustment, OomField::Carry);
     let mut merged = c.clone();
     merged.annotations.extend(adjust.annotations.clone());
     let unified = &mut merged

@@ -38,7 +38,10 @@ fn expected_adjustment(
         &node(),
         &Default::default(),
     );
-    nri_qos::nri::view::create_adjustment(d.adjustment, with_oom)
+    nri_qos::nri::view::create_adjustment(
+        d.adjustment,
+        nri_qos::nri::convert::OomField::carried_when(with_oom),
+    )
 }
 
 #[tokio::test]

@@ -121,9 +121,37 @@ pub fn resources_to_wire(adj: Adjustment) -> Option<api::LinuxResources> {
     }
 }
 
-/// The ContainerAdjustment for CreateContainer. `with_oom` is false for
-/// runtimes that would drop the field anyway (NRI v0.6.1).
-pub fn adjustment_to_wire(adj: Adjustment, with_oom: bool) -> api::ContainerAdjustment {
+/// Whether a CreateContainer adjustment carries `oom_score_adj`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OomField {
+    Carry,
+    /// The runtime would drop it (NRI v0.6.1): it is written to `/proc`
+    /// after start instead.
+    Omit,
+}
+
+impl OomField {
+    pub fn carried_when(runtime_applies_it: bool) -> Self {
+        if runtime_applies_it {
+            Self::Carry
+        } else {
+            Self::Omit
+        }
+    }
+}
+
+/// What the runtime does when an update fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnUpdateFailure {
+    /// Synchronize's updates: one container gone meanwhile must not fail
+    /// the others.
+    Ignore,
+    /// An UpdateContainer answer: the update it belongs to fails.
+    Fail,
+}
+
+/// The ContainerAdjustment for CreateContainer.
+pub fn adjustment_to_wire(adj: Adjustment, oom: OomField) -> api::ContainerAdjustment {
     let mut linux = api::LinuxContainerAdjustment::new();
     let mut any = false;
     let oom_score_adj = adj.oom_score_adj;
@@ -131,7 +159,7 @@ pub fn adjustment_to_wire(adj: Adjustment, with_oom: bool) -> api::ContainerAdju
         linux.resources = MessageField::some(r);
         any = true;
     }
-    if let (true, Some(v)) = (with_oom, oom_score_adj) {
+    if let (OomField::Carry, Some(v)) = (oom, oom_score_adj) {
         linux.oom_score_adj = MessageField::some(api::OptionalInt {
             value: v,
             ..Default::default()
@@ -150,7 +178,7 @@ pub fn adjustment_to_wire(adj: Adjustment, with_oom: bool) -> api::ContainerAdju
 pub fn update_to_wire(
     container_id: &str,
     adj: Adjustment,
-    ignore_failure: bool,
+    on_failure: OnUpdateFailure,
 ) -> Option<api::ContainerUpdate> {
     let resources = resources_to_wire(adj)?;
     let mut linux = api::LinuxContainerUpdate::new();
@@ -158,7 +186,7 @@ pub fn update_to_wire(
     let mut u = api::ContainerUpdate::new();
     u.container_id = container_id.to_string();
     u.linux = MessageField::some(linux);
-    u.ignore_failure = ignore_failure;
+    u.ignore_failure = on_failure == OnUpdateFailure::Ignore;
     Some(u)
 }
 
@@ -198,9 +226,9 @@ mod tests {
 
     #[test]
     fn empty_adjustment_sets_nothing() {
-        let adj = adjustment_to_wire(Adjustment::default(), true);
+        let adj = adjustment_to_wire(Adjustment::default(), OomField::Carry);
         assert!(adj.linux.is_none());
-        assert!(update_to_wire("c1", Adjustment::default(), true).is_none());
+        assert!(update_to_wire("c1", Adjustment::default(), OnUpdateFailure::Ignore).is_none());
     }
 
     #[test]
@@ -209,8 +237,10 @@ mod tests {
             oom_score_adj: Some(-997),
             ..Default::default()
         };
-        assert!(adjustment_to_wire(adj.clone(), false).linux.is_none());
-        let wire = adjustment_to_wire(adj, true);
+        assert!(adjustment_to_wire(adj.clone(), OomField::Omit)
+            .linux
+            .is_none());
+        let wire = adjustment_to_wire(adj, OomField::Carry);
         assert_eq!(wire.linux.oom_score_adj.value, -997);
     }
 

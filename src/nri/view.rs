@@ -63,12 +63,11 @@ const NEVER_THE_KUBELETS: &str = CPU_WEIGHT;
 pub type Rules<'a> = (&'a NodeFacts, &'a PolicyConfig);
 
 /// The CreateContainer adjustment for `adj`: the policy's values, and the
-/// annotation naming the `unified` keys among them. `with_oom` is false for
-/// runtimes that would drop the field anyway (NRI v0.6).
-pub fn create_adjustment(adj: qos::Adjustment, with_oom: bool) -> api::ContainerAdjustment {
+/// annotation naming the `unified` keys among them.
+pub fn create_adjustment(adj: qos::Adjustment, oom: convert::OomField) -> api::ContainerAdjustment {
     let keys: Vec<&str> = adj.unified.keys().map(String::as_str).collect();
     let annotation = keys.join(",");
-    let mut wire = convert::adjustment_to_wire(adj, with_oom);
+    let mut wire = convert::adjustment_to_wire(adj, oom);
     wire.annotations
         .insert(OWN_UNIFIED_ANNOTATION.to_string(), annotation);
     wire

@@ -106,7 +106,7 @@ impl Plugin for QosPlugin {
         }
         resp.adjust = protobuf::MessageField::some(view::create_adjustment(
             decision.adjustment,
-            self.applies_oom_score_adj(),
+            convert::OomField::carried_when(self.applies_oom_score_adj()),
         ));
         Ok(resp)
     }
@@ -139,7 +139,9 @@ impl Plugin for QosPlugin {
                 adj.unified.entry(k).or_insert(v);
             }
         }
-        if let Some(u) = convert::update_to_wire(&req.container.id, adj, false) {
+        if let Some(u) =
+            convert::update_to_wire(&req.container.id, adj, convert::OnUpdateFailure::Fail)
+        {
             lock(&self.counters).updated += 1;
             resp.update.push(u);
         }

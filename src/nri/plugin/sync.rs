@@ -17,6 +17,7 @@ use protobuf::Message;
 use super::record::{container_record, pod_record};
 use super::*;
 use crate::node::layout::{container_cgroup_dir_in, PodCgroups};
+use crate::nri::convert::OnUpdateFailure;
 use crate::nri::lean_sync::{self, Object};
 use crate::nri::view::{self, add_protection, own_protection, whole_pages};
 
@@ -277,7 +278,8 @@ impl QosPlugin {
                 self.keep_relaxed_high(c, &mut adjustment);
                 // oom_score_adj cannot travel in an update; the runtime
                 // applies the rest through UpdateContainerResources.
-                if let Some(u) = convert::update_to_wire(&c.id, adjustment, true) {
+                if let Some(u) = convert::update_to_wire(&c.id, adjustment, OnUpdateFailure::Ignore)
+                {
                     built.updates.push(*i, &u);
                 }
             }
@@ -580,7 +582,7 @@ mod encoded_updates_tests {
         let mut adj = qos::Adjustment::default();
         adj.unified.insert("memory.high".into(), high.into());
         adj.cpu_shares = Some(2);
-        convert::update_to_wire(id, adj, true).unwrap()
+        convert::update_to_wire(id, adj, OnUpdateFailure::Ignore).unwrap()
     }
 
     #[test]

@@ -4,6 +4,7 @@ use proptest::prelude::*;
 use protobuf::MessageField;
 
 use super::*;
+use crate::nri::convert::OomField;
 
 const MI: i64 = 1 << 20;
 
@@ -107,14 +108,14 @@ fn the_adjustment_names_the_unified_keys_it_sets() {
         oom_score_adj: Some(900),
         ..Default::default()
     };
-    let wire = create_adjustment(adj, true);
+    let wire = create_adjustment(adj, OomField::Carry);
     assert_eq!(
         wire.annotations[OWN_UNIFIED_ANNOTATION],
         "cpu.weight,memory.high,memory.low"
     );
     assert_eq!(wire.linux.oom_score_adj.value, 900);
     // Nothing set in `unified`: said too, so no key can be taken for ours.
-    let wire = create_adjustment(qos::Adjustment::default(), true);
+    let wire = create_adjustment(qos::Adjustment::default(), OomField::Carry);
     assert_eq!(wire.annotations[OWN_UNIFIED_ANNOTATION], "");
     assert!(wire.linux.is_none());
 }
@@ -135,7 +136,7 @@ fn a_report_merged_with_our_adjustment_reads_as_the_cri_sent_it() {
     let created = container(256, 512 * MI, 985, &oom_group);
     let (_, d) = decide(&b, &created, Source::Reported, &q, rules, None);
     let low = d.adjustment.unified["memory.low"].clone();
-    let adjust = create_adjustment(d.adjustment.clone(), true);
+    let adjust = create_adjustment(d.adjustment.clone(), OomField::Carry);
     let merged = as_the_runtime_keeps_it(&created, &adjust);
     assert!(merged.linux.resources.unified.contains_key("memory.low"));
     let facts = container_facts(&merged, Source::Reported, &q);
@@ -151,7 +152,10 @@ fn a_report_merged_with_our_adjustment_reads_as_the_cri_sent_it() {
     let created = container(256, 512 * MI, 985, &kubelets);
     let (_, d) = decide(&b, &created, Source::Reported, &q, rules, None);
     assert!(!d.adjustment.unified.contains_key("memory.low"), "{d:?}");
-    let merged = as_the_runtime_keeps_it(&created, &create_adjustment(d.adjustment.clone(), true));
+    let merged = as_the_runtime_keeps_it(
+        &created,
+        &create_adjustment(d.adjustment.clone(), OomField::Carry),
+    );
     let facts = container_facts(&merged, Source::Reported, &q);
     assert!(qos::policy::kubelet_memory_qos_keys(&facts.resources));
     let (_, again) = decide(&b, &merged, Source::Reported, &q, rules, None);
@@ -274,7 +278,7 @@ proptest! {
         let rules = (&node(), &policy);
         let pod = convert::pod_from_wire(&pod(&parent));
         let (_, at_creation) = decide(&pod, &created, Source::Reported, &q, rules, None);
-        let adjust = create_adjustment(at_creation.adjustment.clone(), true);
+        let adjust = create_adjustment(at_creation.adjustment.clone(), OomField::Carry);
         let reported = as_the_runtime_keeps_it(&created, &adjust);
         let (facts, after_restart) = decide(&pod, &reported, Source::Reported, &q, rules, None);
         prop_assert_eq!(&after_restart, &at_creation);
