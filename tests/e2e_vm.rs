@@ -143,3 +143,35 @@ fn e2e_containerd_1_7_prelaunched() {
     }
     run_e2e("1.7", "prelaunched", "basic");
 }
+
+/// A single-node Kubernetes cluster in one VM (tests/e2e/kube/README.md):
+/// etcd, kube-apiserver with RBAC, controller-manager, scheduler, the
+/// kubelet and containerd 2.1.9; nri-qos installed with
+/// `kubectl apply -k config/kubernetes` from the image scripts/build-image.sh
+/// builds (a release build); its scenarios driven through kubectl. The
+/// image is built from `NRI_QOS_IMAGE_BIN` when set. Scenarios:
+/// `NRI_QOS_E2E_KUBE_SCENARIOS` (default `all`; see tests/e2e/kube/host.sh).
+#[test]
+fn e2e_kube_node() {
+    if std::env::var("NRI_QOS_E2E").as_deref() != Ok("1") {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED e2e Kubernetes node test: set NRI_QOS_E2E=1 to boot the qemu VM \
+             (tests/e2e/run.sh --kube-node, about 20-30 minutes)"
+        );
+        return;
+    }
+    let _vm = VM.lock().unwrap_or_else(|e| e.into_inner());
+    let scenarios = std::env::var("NRI_QOS_E2E_KUBE_SCENARIOS").unwrap_or_else(|_| "all".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/run.sh");
+    let status = Command::new("bash")
+        .arg(script)
+        .args(["--kube-node", &scenarios])
+        .status()
+        .expect("could not start bash tests/e2e/run.sh");
+    assert!(
+        status.success(),
+        "e2e Kubernetes node ({scenarios}) failed: {status}; see the E2E-CHECK FAIL lines above \
+         and tests/e2e/work/console-2.1-none.log"
+    );
+}
