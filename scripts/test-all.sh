@@ -33,6 +33,23 @@ if [ "$("$TOOLS/bin/cargo-deny" --version 2>/dev/null || true)" != "cargo-deny $
 fi
 PATH="$TOOLS/bin:$PATH" cargo deny --locked check licenses bans sources
 
+# API docs, private items included (the crate is read by the people who
+# change it): every intra-doc link resolves and no doc comment is malformed.
+# A public item's doc may link to a private one, which these docs contain.
+step "docs (cargo doc, warnings denied)"
+RUSTDOCFLAGS="-D warnings -A rustdoc::private-intra-doc-links" \
+  cargo doc --no-deps --locked --document-private-items
+
+# Dependencies a Cargo.toml names that no code uses. cargo-machete is pinned
+# and cached like cargo-deny (its build: 153 s of CPU); it reads the sources,
+# so it needs no build of ours.
+CARGO_MACHETE_VERSION=0.9.2
+step "unused dependencies (cargo-machete $CARGO_MACHETE_VERSION)"
+if [ "$("$TOOLS/bin/cargo-machete" --version 2>/dev/null || true)" != "$CARGO_MACHETE_VERSION" ]; then
+  cargo install --locked --root "$TOOLS" cargo-machete --version "$CARGO_MACHETE_VERSION"
+fi
+"$TOOLS/bin/cargo-machete"
+
 export NRI_QOS_E2E="${NRI_QOS_E2E:-1}"
 if [ "$NRI_QOS_E2E" = 1 ]; then
   # The VM tests use the debug binaries cargo test builds anyway: a release

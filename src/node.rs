@@ -34,6 +34,7 @@ pub struct NodeFacts {
 pub mod cluster;
 pub mod registry;
 pub mod relax;
+pub mod runtime;
 
 /// Locks `m` even when a holder panicked: our shared maps and links stay
 /// usable after a writer panicked mid-update, which matters less than
@@ -52,6 +53,12 @@ pub enum NodeError {
     },
     #[error("{path} has no usable MemTotal line")]
     NoMemTotal { path: PathBuf },
+    #[error("{what} needs the unified cgroup v2 hierarchy, and {} holds {layout}; move the node to cgroup v2 (systemd.unified_cgroup_hierarchy=1), which the kubelet requires from 1.35 unless failCgroupV1 is false", root.display())]
+    NotCgroupV2 {
+        what: &'static str,
+        root: PathBuf,
+        layout: CgroupLayout,
+    },
 }
 
 /// A path from the runtime (cgroups paths, cgroup parents) or from a config
@@ -133,6 +140,87 @@ pub fn is_cgroup_v2(cgroup_root: &Path) -> bool {
     cgroup_root.join("cgroup.controllers").is_file()
 }
 
+/// What is mounted at the cgroup root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupLayout {
+    /// The unified cgroup v2 hierarchy.
+    Unified,
+    /// systemd's hybrid layout: the controllers on cgroup v1 hierarchies,
+    /// v2 mounted at `unified/` without any.
+    Hybrid { controllers: Vec<String> },
+    /// cgroup v1 hierarchies only.
+    Legacy { controllers: Vec<String> },
+    /// Neither: nothing mounted there, or not readable.
+    Unknown,
+}
+
+impl std::fmt::Display for CgroupLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CgroupLayout::Unified => f.write_str("cgroup v2"),
+            CgroupLayout::Hybrid { controllers } => write!(
+                f,
+                "a hybrid cgroup layout (v1 hierarchies {}; v2 at unified/ without controllers)",
+                controllers.join(" ")
+            ),
+            CgroupLayout::Legacy { controllers } => {
+                write!(f, "cgroup v1 (hierarchies {})", controllers.join(" "))
+            }
+            CgroupLayout::Unknown => f.write_str("no cgroup hierarchy nri-qos recognises"),
+        }
+    }
+}
+
+/// The layout at `root`: v2 has `cgroup.controllers` at the root; each v1
+/// hierarchy is a directory with `cgroup.procs` (systemd's named one and
+/// the hybrid's `unified/` are not controllers). A few dozen directory
+/// entries at most are looked at.
+pub fn cgroup_layout(root: &Path) -> CgroupLayout {
+    if is_cgroup_v2(root) {
+        return CgroupLayout::Unified;
+    }
+    let mut controllers: Vec<String> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .take(64)
+        .filter_map(Result::ok)
+        // The `cpu` and `cpuacct` symlinks name `cpu,cpuacct` again.
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter(|e| e.path().join("cgroup.procs").is_file())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n != "unified" && n != "systemd")
+        .collect();
+    controllers.sort();
+    match (controllers.is_empty(), is_cgroup_v2(&root.join("unified"))) {
+        (true, _) => CgroupLayout::Unknown,
+        (false, true) => CgroupLayout::Hybrid { controllers },
+        (false, false) => CgroupLayout::Legacy { controllers },
+    }
+}
+
+/// Refuses what cannot work without cgroup v2 (`what`, e.g. "the pressure
+/// monitor"), naming the mount and what it holds.
+pub fn require_cgroup_v2(what: &'static str, root: &Path) -> Result<(), NodeError> {
+    match cgroup_layout(root) {
+        CgroupLayout::Unified => Ok(()),
+        layout => Err(NodeError::NotCgroupV2 {
+            what,
+            root: root.to_path_buf(),
+            layout,
+        }),
+    }
+}
+
+/// What the plugin says once at start on a node without cgroup v2: the
+/// mount, what it holds, and what nri-qos still does there.
+pub fn cgroup_v1_notice(root: &Path) -> String {
+    format!(
+        "{} holds {}: nri-qos applies only oom_score_adj by QoS class and the CPU shares/quota clamps there;          cpu.weight, memory.min/low/high, the hierarchy keeper, the pressure monitor and the throttle guard need cgroup v2.          The kubelet refuses cgroup v1 from 1.35 unless failCgroupV1 is false; move the node to cgroup v2          (systemd.unified_cgroup_hierarchy=1)",
+        root.display(),
+        cgroup_layout(root)
+    )
+}
+
 pub fn page_size() -> u64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
         .ok()
@@ -191,6 +279,52 @@ mod tests {
         let f = read_node_facts(&proc_root, &cg, 1 << 30).unwrap();
         assert!(f.cgroup_v2);
         assert_eq!(f.memory_allocatable, 1 << 30);
+    }
+
+    /// The three layouts a node may have, on fake trees shaped like them.
+    #[test]
+    fn cgroup_layouts_are_told_apart_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let hierarchy = |name: &str| {
+            std::fs::create_dir_all(root.join(name)).unwrap();
+            std::fs::write(root.join(name).join("cgroup.procs"), "").unwrap();
+        };
+        assert_eq!(cgroup_layout(root), CgroupLayout::Unknown);
+        for name in ["memory", "cpu,cpuacct", "systemd"] {
+            hierarchy(name);
+        }
+        std::os::unix::fs::symlink(root.join("cpu,cpuacct"), root.join("cpu")).unwrap();
+        let controllers = vec!["cpu,cpuacct".to_string(), "memory".to_string()];
+        assert_eq!(
+            cgroup_layout(root),
+            CgroupLayout::Legacy {
+                controllers: controllers.clone()
+            }
+        );
+        std::fs::create_dir_all(root.join("unified")).unwrap();
+        std::fs::write(root.join("unified/cgroup.controllers"), "").unwrap();
+        let hybrid = cgroup_layout(root);
+        assert_eq!(hybrid, CgroupLayout::Hybrid { controllers });
+        let err = require_cgroup_v2("the pressure monitor", root).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("the pressure monitor needs the unified cgroup v2 hierarchy"),
+            "{text}"
+        );
+        assert!(text.contains(&root.display().to_string()), "{text}");
+        assert!(
+            text.contains("hybrid") && text.contains("cpu,cpuacct memory"),
+            "{text}"
+        );
+        let notice = cgroup_v1_notice(root);
+        assert!(
+            notice.contains("oom_score_adj") && notice.contains("failCgroupV1"),
+            "{notice}"
+        );
+        std::fs::write(root.join("cgroup.controllers"), "cpu memory\n").unwrap();
+        assert_eq!(cgroup_layout(root), CgroupLayout::Unified);
+        assert!(require_cgroup_v2("the pressure monitor", root).is_ok());
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! are /dev/null, so the journal is where its logs can go).
 
 use std::path::Path;
+use std::str::FromStr;
 
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
 use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -17,23 +20,65 @@ pub enum Journal {
     Off,
 }
 
+/// How log lines are written (`plugin.log-format`, `--log-format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A `log-format` value that is neither `text` nor `json`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0:?} is not \"text\" or \"json\"")]
+pub struct UnknownLogFormat(pub String);
+
+impl FromStr for LogFormat {
+    type Err = UnknownLogFormat;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(UnknownLogFormat(other.to_string())),
+        }
+    }
+}
+
+/// A `plugin.log-level` value tracing cannot use.
+#[derive(Debug, Error)]
+pub enum LogLevelError {
+    #[error("empty log level")]
+    Empty,
+    #[error("{level:?} is not a log level or tracing filter: {reason}")]
+    Invalid {
+        level: String,
+        reason: tracing_subscriber::filter::ParseError,
+    },
+}
+
 /// Checks a `plugin.log-level` value: a level or tracing filter
-/// (`info`, `nri_qos=debug,warn`). An invalid one used to fall back to
-/// `info` silently.
-pub fn check_level(level: &str) -> Result<(), String> {
+/// (`info`, `nri_qos=debug,warn`), so a typo is an error rather than a
+/// silent fall back to `info`.
+pub fn check_level(level: &str) -> Result<(), LogLevelError> {
     if level.trim().is_empty() {
-        return Err("empty log level".into());
+        return Err(LogLevelError::Empty);
     }
     EnvFilter::builder()
         .with_regex(false)
         .parse(level)
         .map(drop)
-        .map_err(|e| format!("{level:?} is not a log level or tracing filter: {e}"))
+        .map_err(|reason| LogLevelError::Invalid {
+            level: level.to_string(),
+            reason,
+        })
 }
 
 /// `level` is a tracing filter ("info", "nri_qos=debug"); `RUST_LOG` wins.
 pub fn init(
-    format: &str,
+    format: LogFormat,
     level: &str,
     file: Option<&Path>,
     journal: Journal,
@@ -59,10 +104,9 @@ pub fn init(
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_ansi(false);
-    let fmt = if format == "json" {
-        fmt.json().with_filter(filter()).boxed()
-    } else {
-        fmt.with_filter(filter()).boxed()
+    let fmt = match format {
+        LogFormat::Json => fmt.json().with_filter(filter()).boxed(),
+        LogFormat::Text => fmt.with_filter(filter()).boxed(),
     };
     let journald = match journal {
         Journal::IfPresent if Path::new("/run/systemd/journal/socket").exists() => {
@@ -98,5 +142,13 @@ mod tests {
         for bad in ["(((", "", "nri_qos=loud", "[[["] {
             assert!(check_level(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn log_formats_parse_as_written() {
+        assert_eq!("text".parse(), Ok(LogFormat::Text));
+        assert_eq!("json".parse(), Ok(LogFormat::Json));
+        let err = "xml".parse::<LogFormat>().unwrap_err();
+        assert_eq!(err.to_string(), r#""xml" is not "text" or "json""#);
     }
 }

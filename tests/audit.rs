@@ -13,6 +13,7 @@ use nri_qos::audit;
 use nri_qos::cgroup::HierarchyConfig;
 use nri_qos::node::cgroupfs::Owner;
 use nri_qos::node::registry::{ContainerRequests, RequestSource};
+use nri_qos::node::runtime::RuntimeQuirks;
 use nri_qos::nri::convert;
 use nri_qos::nri::proto::api;
 use nri_qos::qos::{self, NodeFacts};
@@ -98,6 +99,7 @@ fn audit_tree(
 ) -> audit::AuditReport {
     audit::audit(
         snap,
+        &quirks(snap),
         &NODE,
         &Default::default(),
         hierarchy,
@@ -105,6 +107,11 @@ fn audit_tree(
         Path::new("/nonexistent"),
         None,
     )
+}
+
+/// The runtime's quirks as its name alone tells them (version unknown).
+fn quirks(snap: &audit::Snapshot) -> RuntimeQuirks {
+    RuntimeQuirks::decide(&snap.runtime, "", "", true)
 }
 
 /// The exact requests of the pods audit listed from the API server.
@@ -140,6 +147,7 @@ fn api_server_requests_are_checked_as_ours() {
     let with_api = |root: &Path| {
         audit::audit(
             &snap,
+            &quirks(&snap),
             &NODE,
             &Default::default(),
             &HierarchyConfig::default(),
@@ -274,8 +282,9 @@ async fn audit_reports_no_drift_on_a_correct_tree_and_flags_a_changed_value() {
             },
         )
         .await;
-    let snap = collect.await.unwrap().expect("snapshot");
+    let (snap, quirks) = collect.await.unwrap().expect("snapshot");
     sync.expect("the audit answers Synchronize before it hangs up");
+    assert_eq!(quirks, RuntimeQuirks::decide("", "", "", false));
     assert_eq!(snap.containers.len(), 3);
 
     // Hierarchy values as the keeper would write them.
@@ -487,4 +496,90 @@ fn the_kernels_limits_stand_in_for_the_report_on_cri_o_only() {
             audit::render_table(&report)
         );
     }
+}
+
+/// After a restart containerd 2.2/2.3 report the container's `unified` map
+/// with nri-qos's own adjustment merged in; audit reads it as the plugin
+/// does (the keys its annotation names are nri-qos's), so nothing is taken
+/// for the kubelet's and the tree the plugin and keeper wrote shows no drift.
+#[test]
+fn a_restarted_runtimes_merged_report_is_audited_as_the_plugin_reads_it() {
+    use nri_qos::nri::view;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cgroup");
+    let (p, mut c) = burstable_pod();
+    let r = c
+        .linux
+        .mut_or_insert_default()
+        .resources
+        .mut_or_insert_default();
+    r.unified.insert("memory.oom.group".into(), "1".into());
+    write_expected(&root, &p, &c);
+    let q = RuntimeQuirks::decide("containerd", "v2.3.4", "v0.12.0", true);
+    let policy = Default::default();
+    let (_, d) = view::decide(
+        &convert::pod_from_wire(&p),
+        &c,
+        view::Source::Reported,
+        &q,
+        (&NODE, &policy),
+        None,
+    );
+    let adjust = view::create_adjustment(d.adjustment, true);
+    let mut merged = c.clone();
+    merged.annotations.extend(adjust.annotations.clone());
+    let unified = &mut merged
+        .linux
+        .mut_or_insert_default()
+        .resources
+        .mut_or_insert_default()
+        .unified;
+    unified.extend(adjust.linux.resources.unified.clone());
+    assert!(unified.contains_key("memory.low"));
+    let snap = audit::Snapshot {
+        pods: vec![p],
+        containers: vec![merged],
+        runtime: "containerd".into(),
+    };
+    let run = |root: &Path| {
+        audit::audit(
+            &snap,
+            &q,
+            &NODE,
+            &policy,
+            &HierarchyConfig::default(),
+            root,
+            Path::new("/nonexistent"),
+            None,
+        )
+    };
+    // The hierarchy as the keeper wrote it.
+    for h in &run(&root).hierarchy {
+        std::fs::create_dir_all(root.join(&h.cgroup)).unwrap();
+        for ch in &h.checks {
+            let want = ch.expected.as_deref().expect("ours, not the kubelet's");
+            std::fs::write(root.join(&h.cgroup).join(&ch.key), want).unwrap();
+        }
+    }
+    let report = run(&root);
+    let table = audit::render_table(&report);
+    assert_eq!(report.drift, 0, "{table}");
+    assert!(
+        report
+            .hierarchy
+            .iter()
+            .all(|h| h.checks.iter().all(|c| c.owner == Owner::NriQos)),
+        "{table}"
+    );
+    let low = report.containers[0]
+        .checks
+        .iter()
+        .find(|c| c.key == "memory.low")
+        .unwrap();
+    assert_eq!(low.owner, Owner::NriQos, "{table}");
+    assert_eq!(
+        report.containers[0].request_source,
+        Some(RequestSource::OomScoreAdj),
+        "{table}"
+    );
 }

@@ -952,6 +952,7 @@ fn audit_over_the_api(cluster: &Cluster, rt: &tokio::runtime::Runtime, store: &P
     let run = |api: Option<&dyn ContainerRequests>| {
         audit::audit(
             &snap,
+            &Default::default(),
             &node,
             &Default::default(),
             &Default::default(),

@@ -192,6 +192,7 @@ fn scrape_parses_as_prometheus_text() {
     m.set_pressure("memory", "some_avg10", 3.25);
     m.inc_eviction("BestEffort", "Hard");
     m.set_runtime_connected(true);
+    m.record_event("run_pod_sandbox", "dedicated");
     let addr = start(m.clone());
 
     let resp = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n");
@@ -212,6 +213,7 @@ fn scrape_parses_as_prometheus_text() {
         ("nri_qos_throttle_containers", "gauge"),
         ("nri_qos_runtime_connected", "gauge"),
         ("nri_qos_protection_cgroups", "gauge"),
+        ("nri_qos_events_total", "counter"),
     ];
     for (name, ty) in expect {
         assert_eq!(types.get(name).map(String::as_str), Some(ty), "{name}");
@@ -237,6 +239,13 @@ fn scrape_parses_as_prometheus_text() {
             &[("class", "Guaranteed"), ("result", "applied")]
         ),
         2.0
+    );
+    assert_eq!(
+        get(
+            "nri_qos_events_total",
+            &[("event", "run_pod_sandbox"), ("path", "dedicated")]
+        ),
+        1.0
     );
     assert_eq!(
         get(

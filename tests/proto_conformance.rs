@@ -1,9 +1,11 @@
 //! Our proto/nri/api.proto against the upstream containerd/nri api.proto as
-//! Debian ships it (v0.6.1 from trixie, v0.8.0 from sid): for every message,
-//! enum and service both define, numbers, types and names must agree.
+//! Debian ships it (v0.6.1 from trixie, v0.8.0 from sid) and against
+//! upstream's v0.12.2, the API ours follows: for every message, enum and
+//! service both define, numbers, types and names must agree.
 //!
-//! The upstream files come from `tests/upstream/fetch-nri-protos.sh`, which
-//! the README's test command runs first.
+//! Debian's files come from `tests/upstream/fetch-nri-protos.sh`, which the
+//! README's test command runs first; v0.12.2's is kept in the repository
+//! (`tests/upstream/containerd-nri-v0.12.2/`, with its license).
 
 // Test code: a failed unwrap is the test failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -151,6 +153,10 @@ fn compare(ours: &FileDescriptorProto, theirs: &FileDescriptorProto) -> (Vec<Str
         }
     }
     for ts in &theirs.service {
+        // Served by the runtime to WASM plugins only (v0.9.0 on).
+        if ts.name() == "HostFunctions" {
+            continue;
+        }
         let Some(os) = ours.service.iter().find(|s| s.name() == ts.name()) else {
             problems.push(format!("service {} missing", ts.name()));
             continue;
@@ -206,6 +212,36 @@ fn matches_containerd_nri_v0_8_0_from_debian_sid() {
         problems.join("\n")
     );
     assert!(compared > 150, "only {compared} items compared");
+}
+
+/// The newest API: the v0.10 pod update and validation RPCs, the v0.12
+/// per-event RPCs and `NRI_version` in RegisterPlugin and Configure.
+#[test]
+fn matches_containerd_nri_v0_12_2_kept_in_the_repository() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/upstream/containerd-nri-v0.12.2");
+    let (problems, compared) = compare(&ours(), &parse(&dir, "api.proto"));
+    assert!(
+        problems.is_empty(),
+        "mismatches with v0.12.2:\n{}",
+        problems.join("\n")
+    );
+    assert!(compared > 200, "only {compared} items compared");
+    // Every Plugin RPC of v0.12.2 is ours too (a missing one is a problem
+    // above); the per-event ones are what a v0.12 runtime calls first.
+    let theirs = parse(&dir, "api.proto");
+    let plugin = theirs
+        .service
+        .iter()
+        .find(|s| s.name() == "Plugin")
+        .unwrap();
+    for rpc in [
+        "RunPodSandbox",
+        "UpdatePodSandbox",
+        "PostStartContainer",
+        "RemoveContainer",
+    ] {
+        assert!(plugin.method.iter().any(|m| m.name() == rpc), "{rpc}");
+    }
 }
 
 #[test]

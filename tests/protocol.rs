@@ -38,7 +38,7 @@ fn expected_adjustment(
         &node(),
         &Default::default(),
     );
-    convert::adjustment_to_wire(d.adjustment, with_oom)
+    nri_qos::nri::view::create_adjustment(d.adjustment, with_oom)
 }
 
 #[tokio::test]
@@ -49,8 +49,10 @@ async fn full_lifecycle_over_a_real_socket() {
     let mut plugin = PluginProcess::external(&sock, dir.path(), &[]);
     let mut s = accept(&listener, false).await;
 
-    let (name, index) = s.expect_registered().await;
+    let (name, index, nri) = s.expect_registered_nri().await;
     assert_eq!((name.as_str(), index.as_str()), ("nri-qos", "10"));
+    // What containerd 2.3 logs as "registered ... with NRI version".
+    assert_eq!(nri, "v0.12.2");
     let cfg = s
         .plugin
         .configure(
@@ -200,16 +202,111 @@ async fn full_lifecycle_over_a_real_socket() {
             .unwrap_or_else(|e| panic!("state change {ev:?}: {e:?}"));
     }
 
-    // v0.12 dedicated RPCs: UNIMPLEMENTED, so the runtime falls back to StateChange.
-    let err = s
-        .plugin
-        .run_pod_sandbox(ctx(), &api::RunPodSandboxRequest::new())
+    // v0.12 per-event RPCs: each answered OK over the wire (an UNIMPLEMENTED
+    // would send a v0.12 runtime back to StateChange for every event).
+    let pod = || protobuf::MessageField::some(p.clone());
+    let ctr = || protobuf::MessageField::some(c.clone());
+    let rpc = &s.plugin;
+    rpc.run_pod_sandbox(
+        ctx(),
+        &api::RunPodSandboxRequest {
+            pod: pod(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    rpc.update_pod_sandbox(
+        ctx(),
+        &api::UpdatePodSandboxRequest {
+            pod: pod(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    rpc.post_update_pod_sandbox(
+        ctx(),
+        &api::PostUpdatePodSandboxRequest {
+            pod: pod(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    rpc.stop_pod_sandbox(
+        ctx(),
+        &api::StopPodSandboxRequest {
+            pod: pod(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    rpc.post_create_container(
+        ctx(),
+        &api::PostCreateContainerRequest {
+            pod: pod(),
+            container: ctr(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    rpc.start_container(
+        ctx(),
+        &api::StartContainerRequest {
+            pod: pod(),
+            container: ctr(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    rpc.post_start_container(
+        ctx(),
+        &api::PostStartContainerRequest {
+            pod: pod(),
+            container: ctr(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    rpc.post_update_container(
+        ctx(),
+        &api::PostUpdateContainerRequest {
+            pod: pod(),
+            container: ctr(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    rpc.remove_container(
+        ctx(),
+        &api::RemoveContainerRequest {
+            pod: pod(),
+            container: ctr(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    rpc.remove_pod_sandbox(
+        ctx(),
+        &api::RemovePodSandboxRequest {
+            pod: pod(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let v = rpc
+        .validate_container_adjustment(ctx(), &api::ValidateContainerAdjustmentRequest::new())
         .await
-        .unwrap_err();
-    match err {
-        ttrpc::Error::RpcStatus(st) => assert_eq!(st.code(), ttrpc::Code::UNIMPLEMENTED),
-        other => panic!("expected UNIMPLEMENTED, got {other:?}"),
-    }
+        .unwrap();
+    assert!(!v.reject);
     s.plugin.shutdown(ctx(), &api::Empty::new()).await.unwrap();
 
     // Every frame the plugin sent is readable through Go's 4096-byte bufio.

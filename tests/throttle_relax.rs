@@ -2,7 +2,8 @@
 //! it travels as `Runtime/UpdateContainers` on conn 2 carrying only
 //! `unified["memory.high"]`, and when the runtime does not apply it (as NRI
 //! v0.6 runtimes drop the unified map; this fake applies nothing) the
-//! cgroup file is written instead.
+//! cgroup file is written instead; a runtime without containerd/nri#301
+//! never gets the call.
 
 mod common;
 
@@ -52,6 +53,8 @@ async fn throttle_relax_goes_through_update_containers_then_the_file() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
+    // What Configure says of a runtime carrying containerd/nri#301.
+    LINK.set_update_deadlock_fixed(true);
     assert_eq!(
         relaxer.relax(&sample.relax_request()),
         Ok("nri-update-containers")
@@ -82,6 +85,16 @@ async fn throttle_relax_goes_through_update_containers_then_the_file() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert_eq!(value.trim(), "268435456");
+    // A runtime without the fix (every containerd 1.7-2.3 and CRI-O 1.37
+    // release) never gets the call: the file is written at once.
+    LINK.set_update_deadlock_fixed(false);
+    std::fs::write(cg.join("memory.high"), "247463936\n").unwrap();
+    assert_eq!(
+        relaxer.relax(&sample.relax_request()),
+        Ok("cgroup-file (the runtime lacks containerd/nri#301)")
+    );
+    let value = std::fs::read_to_string(cg.join("memory.high")).unwrap();
     assert_eq!(value.trim(), "268435456");
     session.abort();
 }

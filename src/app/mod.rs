@@ -45,13 +45,14 @@ pub fn run_monitor(args: MonitorArgs) -> Result<(), AppError> {
         .resolve(config::process_env())
         .context("monitor configuration")?;
     crate::observability::init(
-        &settings.log_format,
+        settings.log_format,
         &settings.log_level,
         None,
         crate::observability::Journal::Off,
     )
     .context("setting up logging")?;
     let (cfg, paths) = (settings.monitor, settings.paths);
+    crate::node::require_cgroup_v2("the pressure monitor", &paths.cgroup_root)?;
     if cfg.throttle.relax_via == RelaxVia::Runtime {
         tracing::warn!("throttle.relax-via = \"runtime\" needs the plugin's NRI session; the monitor alone writes the cgroup file");
     }
@@ -73,7 +74,7 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
     let cfg = Config::for_plugin(&args, config::process_env(), &launch)?;
     let prelaunched = launch.socket_fd.is_some();
     crate::observability::init(
-        &cfg.plugin.log_format,
+        cfg.plugin.log_format,
         &cfg.plugin.log_level,
         cfg.plugin.log_file.as_deref(),
         // The runtime discards a pre-launched plugin's stderr.
@@ -168,13 +169,13 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
             ));
         }
         if !node.cgroup_v2 {
-            tracing::warn!(
-                cgroup_root = %cfg.node.cgroup_root.display(),
-                "cgroup v1 node: cpu.weight and memory.min/low/high are skipped (runc rejects unified keys there), \
-                 the hierarchy keeper is off; CPU clamps and oom_score_adj still apply"
-            );
+            tracing::warn!("{}", crate::node::cgroup_v1_notice(&cfg.node.cgroup_root));
         }
-        if cfg.plugin.with_monitor {
+        let with_monitor = cfg.plugin.with_monitor
+            && crate::node::require_cgroup_v2("the pressure monitor", &cfg.node.cgroup_root)
+                .map_err(|e| tracing::error!(error = %e, "pressure monitor not started"))
+                .is_ok();
+        if with_monitor {
             let pods: Arc<dyn crate::node::registry::PodRegistry> = plugin.registry();
             let paths = cfg.monitor_paths();
             let monitor_cfg = cfg.monitor_config();

@@ -32,6 +32,8 @@ pub struct ExplainArgs {
     /// Output: table or json.
     #[arg(long, default_value = "table")]
     pub output: String,
+    // `--help` prints this text: the brackets name a TOML table, not a link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Config file whose [policy] to use (default: the built-in defaults).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -183,7 +185,7 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
         cfg.node.memory_allocatable,
     )?;
     let rt = super::runtime()?;
-    let snap = rt.block_on(crate::audit::collect(
+    let (snap, quirks) = rt.block_on(crate::audit::collect(
         &cfg.plugin.socket,
         Duration::from_secs(args.timeout_seconds),
         cfg.plugin.sync_budget_bytes(),
@@ -192,6 +194,7 @@ pub fn run_audit(args: AuditArgs) -> Result<(), AppError> {
     let (api_pods, api_note) = list_api_pods(&cfg, &rt, &snap, limit);
     let mut report = crate::audit::audit(
         &snap,
+        &quirks,
         &node,
         &cfg.policy,
         &cfg.hierarchy,

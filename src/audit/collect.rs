@@ -11,13 +11,14 @@ use ttrpc::r#async::TtrpcContext;
 
 use super::{AuditError, Snapshot};
 use crate::node::lock;
+use crate::node::runtime::RuntimeQuirks;
 use crate::nri::proto::{api, api_ttrpc};
 use crate::nri::reassembly::SyncReassembler;
 use crate::nri::session::{self, Identity};
 
 struct SnapshotPlugin {
     partial: Mutex<SyncReassembler>,
-    runtime: Mutex<String>,
+    runtime: Mutex<RuntimeQuirks>,
     done: Mutex<Option<oneshot::Sender<Snapshot>>>,
 }
 
@@ -31,7 +32,13 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
         _ctx: &TtrpcContext,
         req: api::ConfigureRequest,
     ) -> ttrpc::Result<api::ConfigureResponse> {
-        *lock(&self.runtime) = req.runtime_name;
+        let timeouts = req.request_timeout > 0 || req.registration_timeout > 0;
+        *lock(&self.runtime) = RuntimeQuirks::decide(
+            &req.runtime_name,
+            &req.runtime_version,
+            &req.NRI_version,
+            timeouts,
+        );
         // 0 would mean "every event"; subscribe to one harmless event instead.
         Ok(api::ConfigureResponse {
             events: 1 << (api::Event::REMOVE_POD_SANDBOX as i32 - 1),
@@ -45,7 +52,7 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
         req: api::SynchronizeRequest,
     ) -> ttrpc::Result<api::SynchronizeResponse> {
         let more = req.more;
-        let timeout = crate::nri::plugin::request_timeout(ctx);
+        let timeout = crate::nri::session::request_timeout(ctx);
         let whole = lock(&self.partial).push(req, timeout, Instant::now());
         if let Some(whole) = whole {
             if let Some(tx) = lock(&self.done).take() {
@@ -67,13 +74,14 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
     }
 }
 
-/// Takes one Synchronize from the runtime at `socket`.
+/// Takes one Synchronize from the runtime at `socket`, and what its
+/// Configure said of it.
 /// `sync_budget` bounds the bytes its chunks may hold, as in the plugin.
 pub async fn collect(
     socket: &Path,
     limit: Duration,
     sync_budget: usize,
-) -> Result<Snapshot, AuditError> {
+) -> Result<(Snapshot, RuntimeQuirks), AuditError> {
     let trunk = tokio::net::UnixStream::connect(socket)
         .await
         .map_err(|source| AuditError::Connect {
@@ -83,7 +91,7 @@ pub async fn collect(
     let (tx, rx) = oneshot::channel();
     let plugin = Arc::new(SnapshotPlugin {
         partial: Mutex::new(SyncReassembler::with_budget(sync_budget)),
-        runtime: Mutex::new(String::new()),
+        runtime: Mutex::new(RuntimeQuirks::default()),
         done: Mutex::new(Some(tx)),
     });
     let identity = Identity {
@@ -107,6 +115,7 @@ pub async fn collect(
         _ = &mut session => {}
         _ = tokio::time::sleep(Duration::from_millis(200)) => {}
     }
-    snap.runtime = lock(&plugin.runtime).clone();
-    Ok(snap)
+    let quirks = lock(&plugin.runtime).clone();
+    snap.runtime = quirks.name.clone();
+    Ok((snap, quirks))
 }

@@ -18,10 +18,12 @@ use crate::cgroup::plan::{self, PodProtection};
 use crate::cgroup::HierarchyConfig;
 use crate::node::cgroupfs::{exceeds, read_protection, read_trimmed, relaxed_in_tree, Owner};
 use crate::node::layout::{container_cgroup_dir, pod_cgroups};
-use crate::node::registry::{ContainerRequests, RequestSource};
+use crate::node::registry::{within_pod_limit, ContainerRequests, RequestSource};
+use crate::node::runtime::RuntimeQuirks;
 use crate::nri::convert;
 use crate::nri::proto::api;
 use crate::nri::session::SessionError;
+use crate::nri::view::{self, Source};
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
 mod collect;
@@ -118,10 +120,13 @@ fn owned(mut c: Check, owner: Owner) -> Check {
 }
 
 /// Compares policy and kernel for every container and kubelet-owned cgroup.
-/// `api_pods`: the exact requests of the pods listed from the API server
-/// (by the runtime's pod UID), which the plugin's policy takes too.
+/// `quirks`: the runtime's, from its Configure, read as the plugin reads
+/// them. `api_pods`: the exact requests of the pods listed from the API
+/// server (by the runtime's pod UID), which the plugin's policy takes too.
+#[allow(clippy::too_many_arguments)]
 pub fn audit(
     snap: &Snapshot,
+    quirks: &RuntimeQuirks,
     node: &NodeFacts,
     policy: &PolicyConfig,
     hierarchy: &HierarchyConfig,
@@ -130,37 +135,10 @@ pub fn audit(
     api_pods: Option<&dyn ContainerRequests>,
 ) -> AuditReport {
     let mut report = AuditReport::default();
-    let forgets_resizes = crate::nri::plugin::forgets_resizes(&snap.runtime);
     let pods: HashMap<&str, &api::PodSandbox> =
         snap.pods.iter().map(|p| (p.id.as_str(), p)).collect();
-    // Which pods the kubelet's Memory QoS protects, by the plugin's rules:
-    // its keys on a container, the operator's setting, a pod cgroup
-    // holding more protection than our policy would give it, or a running
-    // container's cgroup holding a key we would not set.
-    let auto = policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto;
-    let ours =
-        crate::nri::plugin::own_pod_protection(&snap.containers, &pods, node, policy, api_pods);
-    let hidden = crate::nri::plugin::pods_with_hidden_kubelet_keys(
-        &snap.containers,
-        &pods,
-        (node, policy),
-        cgroup_root,
-        api_pods,
-    );
-    let mut kubelet_pods: HashMap<&str, bool> = HashMap::new();
-    for p in &snap.pods {
-        let on_disk = pod_cgroups(&p.linux.cgroup_parent)
-            .map(|cg| read_protection(&cgroup_root.join(&cg.pod)))
-            .unwrap_or_default();
-        let mine = ours.get(p.id.as_str()).copied().unwrap_or_default();
-        let tree = (auto && node.cgroup_v2 && exceeds(on_disk, mine)) || hidden.contains(&p.id);
-        kubelet_pods.insert(p.id.as_str(), tree);
-    }
-    for c in &snap.containers {
-        if qos::policy::kubelet_memory_qos_keys(&convert::container_from_wire(c).resources) {
-            kubelet_pods.insert(c.pod_sandbox_id.as_str(), true);
-        }
-    }
+    let kubelet_pods =
+        kubelet_protected_pods(snap, &pods, quirks, (node, policy), cgroup_root, api_pods);
     let explicit = matches!(
         policy.kubelet_memory_qos,
         qos::KubeletMemoryQos::Alpha | qos::KubeletMemoryQos::Tiered
@@ -174,22 +152,16 @@ pub fn audit(
             ));
             continue;
         };
-        let mut pod_facts = convert::pod_from_wire(pod);
         let kubelet_pod = kubelet_pods.get(pod.id.as_str()).copied().unwrap_or(false);
-        pod_facts.kubelet_memory_qos = kubelet_pod;
-        let mut facts = convert::container_from_wire(c);
-        facts.api_memory_request =
-            api_pods.and_then(|a| a.container_request(&pod_facts.uid, &facts.name));
-        // What the plugin decided from after a resize the runtime forgot;
-        // elsewhere a memory.max or cpu.max unlike the report is drift.
-        if let Some(r) = forgets_resizes
-            .then(|| crate::nri::plugin::limits_from_kernel(cgroup_root, c))
-            .flatten()
-        {
-            facts.resources = convert::resources_from_wire(&r);
-        }
-        let d = qos::decide(&pod_facts, &facts, node, policy);
-        let eff = qos::policy::effective(&facts.resources, &d.adjustment);
+        let (pod_facts, facts, d, eff) = container_decision(
+            pod,
+            c,
+            kubelet_pod,
+            api_pods,
+            quirks,
+            cgroup_root,
+            (node, policy),
+        );
         let bytes = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok());
         let e = protection.entry(c.pod_sandbox_id.as_str()).or_default();
         e.0 = e.0.saturating_add(bytes("memory.min").unwrap_or(0));
@@ -210,83 +182,12 @@ pub fn audit(
                 .push(format!("{name}: no cgroup at {}", dir.display()));
             continue;
         }
-        let file = |f: &str| read_trimmed(&dir.join(f));
-        let mut checks = Vec::new();
-        if node.cgroup_v2 {
-            if let Some(w) = eff.unified.get("cpu.weight") {
-                checks.push(check("cpu.weight", w.clone(), file("cpu.weight")));
-            }
-            let period = eff.cpu_period.unwrap_or(100_000);
-            let cpu_max = match eff.cpu_quota {
-                Some(q) if q > 0 => format!("{q} {period}"),
-                _ => format!("max {period}"),
-            };
-            let cpu_owner = if d.adjustment.cpu_quota.is_some() {
-                Owner::NriQos
-            } else {
-                Owner::Runtime
-            };
-            checks.push(owned(check("cpu.max", cpu_max, file("cpu.max")), cpu_owner));
-            let mem_max = eff
-                .memory_limit
-                .map(|l| l.to_string())
-                .unwrap_or_else(|| "max".into());
-            checks.push(owned(
-                check("memory.max", mem_max, file("memory.max")),
-                Owner::Runtime,
-            ));
-            // Unified keys the policy does not set stay the runtime's. NRI
-            // before v0.10 (containerd 1.7, 2.0, 2.1) does not show plugins the
-            // CRI's unified map, so e.g. the kubelet's MemoryQoS memory.min can
-            // be in the kernel without being visible here: report, not drift.
-            for key in ["memory.min", "memory.low", "memory.high"] {
-                let kubelet = kubelet_pod || explicit;
-                checks.push(
-                    match (
-                        d.adjustment.unified.get(key),
-                        facts.resources.unified.get(key),
-                    ) {
-                        // memory.high raised to memory.max by the monitor's throttle
-                        // guard: not drift, the policy leaves it so until the
-                        // container restarts or is resized.
-                        (Some(want), _) if key == "memory.high" && relaxed_in_tree(&dir, want) => {
-                            Check {
-                                key: key.into(),
-                                expected: Some(want.clone()),
-                                actual: format!(
-                                    "{} (relaxed by the throttle guard)",
-                                    file(key).unwrap_or_default()
-                                ),
-                                ok: true,
-                                owner: Owner::NriQos,
-                            }
-                        }
-                        (Some(want), _) => check(key, want.clone(), file(key)),
-                        // The kubelet's value as it sent it: never replaced, so it must be there.
-                        (None, Some(sent)) => {
-                            owned(check(key, sent.clone(), file(key)), Owner::Kubelet)
-                        }
-                        (None, None) if kubelet => {
-                            owned(report_only(key, file(key)), Owner::Kubelet)
-                        }
-                        (None, None) => report_only(key, file(key)),
-                    },
-                );
-            }
-        }
-        let want_oom = d.adjustment.oom_score_adj.or(facts.oom_score_adj);
-        if let (Some(want), true) = (want_oom, c.pid > 0) {
-            let path = proc_root.join(c.pid.to_string()).join("oom_score_adj");
-            let owner = if d.adjustment.oom_score_adj.is_some() {
-                Owner::NriQos
-            } else {
-                Owner::Runtime
-            };
-            checks.push(owned(
-                check("oom_score_adj", want.to_string(), read_trimmed(&path)),
-                owner,
-            ));
-        }
+        let mut checks = if node.cgroup_v2 {
+            cgroup_checks(&dir, &d, &eff, &facts, kubelet_pod || explicit)
+        } else {
+            Vec::new()
+        };
+        checks.extend(oom_check(&d, &facts, c, proc_root));
         report.drift += checks.iter().filter(|c| !c.ok).count();
         report.containers.push(Subject {
             name,
@@ -299,78 +200,268 @@ pub fn audit(
     }
 
     if node.cgroup_v2 && hierarchy.enabled {
-        // Kubelet-owned pods count in their parents with what they carry.
-        let pods: Vec<PodProtection> = snap
-            .pods
-            .iter()
-            .filter_map(|p| {
-                let cgroups = pod_cgroups(&p.linux.cgroup_parent)?;
-                let kubelet = explicit || kubelet_pods.get(p.id.as_str()).copied().unwrap_or(false);
-                let (min, low) = if kubelet {
-                    let on_disk = read_protection(&cgroup_root.join(&cgroups.pod));
-                    (on_disk.min, on_disk.low)
-                } else {
-                    protection.get(p.id.as_str()).copied().unwrap_or_default()
-                };
-                Some(PodProtection {
-                    cgroups,
-                    memory_min: min,
-                    memory_low: low,
-                    kubelet,
-                })
-            })
-            .collect();
-        let classes: HashMap<PathBuf, QosClass> = pods
-            .iter()
-            .map(|p| (p.cgroups.pod.clone(), p.cgroups.class))
-            .collect();
-        // The kubelet owns a QoS or kubepods cgroup once it owns a pod in it.
-        let kubelet_owned = |cg: &PathBuf| {
-            explicit
-                || pods.iter().any(|p| {
-                    p.kubelet
-                        && (&p.cgroups.pod == cg
-                            || &p.cgroups.kubepods == cg
-                            || p.cgroups.qos.as_ref() == Some(cg))
-                })
-        };
-        let budget = plan::budget(
-            node.memory_capacity,
-            hierarchy.reserve_bytes,
-            hierarchy.budget_share,
-        );
-        for (cg, want) in plan::targets(&pods, budget).by_cgroup {
-            let dir = cgroup_root.join(&cg);
-            if !dir.is_dir() {
-                report
-                    .skipped
-                    .push(format!("no cgroup at {}", dir.display()));
-                continue;
-            }
-            let kubelet = kubelet_owned(&cg);
-            let checks: Vec<Check> = [("memory.min", want.min), ("memory.low", want.low)]
-                .into_iter()
-                .map(|(f, v)| {
-                    let actual = read_trimmed(&dir.join(f));
-                    if kubelet {
-                        owned(report_only(f, actual), Owner::Kubelet)
-                    } else {
-                        check(f, v.to_string(), actual)
-                    }
-                })
-                .collect();
-            report.drift += checks.iter().filter(|c| !c.ok).count();
-            report.hierarchy.push(Subject {
-                name: cg.display().to_string(),
-                class: classes.get(&cg).copied(),
-                cgroup: cg.display().to_string(),
-                memory_request: None,
-                request_source: None,
-                checks,
-            });
-        }
+        let pods = pod_protections(snap, cgroup_root, explicit, &kubelet_pods, &protection);
+        hierarchy_checks(&pods, node, hierarchy, cgroup_root, explicit, &mut report);
     }
     report
+}
+
+/// Which pods the kubelet's Memory QoS protects, by the plugin's rules:
+/// its keys on a container, the operator's setting, a pod cgroup
+/// holding more protection than our policy would give it, or a running
+/// container's cgroup holding a key we would not set.
+fn kubelet_protected_pods<'a>(
+    snap: &'a Snapshot,
+    pods: &HashMap<&str, &api::PodSandbox>,
+    quirks: &RuntimeQuirks,
+    rules: (&NodeFacts, &PolicyConfig),
+    cgroup_root: &Path,
+    api_pods: Option<&dyn ContainerRequests>,
+) -> HashMap<&'a str, bool> {
+    let (node, policy) = rules;
+    let auto = policy.kubelet_memory_qos == qos::KubeletMemoryQos::Auto;
+    let ours = view::own_pod_protection(&snap.containers, pods, quirks, rules, api_pods);
+    let hidden = view::pods_with_hidden_kubelet_keys(
+        &snap.containers,
+        pods,
+        quirks,
+        rules,
+        cgroup_root,
+        api_pods,
+    );
+    let mut kubelet_pods: HashMap<&str, bool> = HashMap::new();
+    for p in &snap.pods {
+        let on_disk = pod_cgroups(&p.linux.cgroup_parent)
+            .map(|cg| read_protection(&cgroup_root.join(&cg.pod)))
+            .unwrap_or_default();
+        let mine = ours.get(p.id.as_str()).copied().unwrap_or_default();
+        let tree = (auto && node.cgroup_v2 && exceeds(on_disk, mine)) || hidden.contains(&p.id);
+        kubelet_pods.insert(p.id.as_str(), tree);
+    }
+    for c in &snap.containers {
+        let facts = view::container_facts(c, Source::Reported, quirks);
+        if qos::policy::kubelet_memory_qos_keys(&facts.resources) {
+            kubelet_pods.insert(c.pod_sandbox_id.as_str(), true);
+        }
+    }
+    kubelet_pods
+}
+
+/// The policy's decision for one container, as the plugin makes it, and
+/// the resources the kernel should then have.
+fn container_decision(
+    pod: &api::PodSandbox,
+    c: &api::Container,
+    kubelet_pod: bool,
+    api_pods: Option<&dyn ContainerRequests>,
+    quirks: &RuntimeQuirks,
+    cgroup_root: &Path,
+    rules: (&NodeFacts, &PolicyConfig),
+) -> (
+    qos::PodFacts,
+    qos::ContainerFacts,
+    qos::Decision,
+    qos::Resources,
+) {
+    let mut pod_facts = convert::pod_from_wire(pod);
+    pod_facts.kubelet_memory_qos = kubelet_pod;
+    // What the plugin decided from after a resize the runtime forgot;
+    // elsewhere a memory.max or cpu.max unlike the report is drift.
+    let kernel = quirks
+        .forgets_resizes
+        .then(|| view::limits_from_kernel(cgroup_root, c))
+        .flatten();
+    let source = kernel
+        .as_ref()
+        .map_or(Source::Reported, Source::KernelLimits);
+    let (facts, d) = view::decide(&pod_facts, c, source, quirks, rules, api_pods);
+    let eff = qos::policy::effective(&facts.resources, &d.adjustment);
+    (pod_facts, facts, d, eff)
+}
+
+/// A container's cgroup v2 files in `dir` against decision `d` and the
+/// effective resources `eff`. `kubelet`: the kubelet's Memory QoS protects
+/// the pod, so a memory key the policy leaves is the kubelet's.
+fn cgroup_checks(
+    dir: &Path,
+    d: &qos::Decision,
+    eff: &qos::Resources,
+    facts: &qos::ContainerFacts,
+    kubelet: bool,
+) -> Vec<Check> {
+    let file = |f: &str| read_trimmed(&dir.join(f));
+    let mut checks = Vec::new();
+    if let Some(w) = eff.unified.get("cpu.weight") {
+        checks.push(check("cpu.weight", w.clone(), file("cpu.weight")));
+    }
+    let period = eff.cpu_period.unwrap_or(100_000);
+    let cpu_max = match eff.cpu_quota {
+        Some(q) if q > 0 => format!("{q} {period}"),
+        _ => format!("max {period}"),
+    };
+    let cpu_owner = if d.adjustment.cpu_quota.is_some() {
+        Owner::NriQos
+    } else {
+        Owner::Runtime
+    };
+    checks.push(owned(check("cpu.max", cpu_max, file("cpu.max")), cpu_owner));
+    let mem_max = eff
+        .memory_limit
+        .map(|l| l.to_string())
+        .unwrap_or_else(|| "max".into());
+    checks.push(owned(
+        check("memory.max", mem_max, file("memory.max")),
+        Owner::Runtime,
+    ));
+    // Unified keys the policy does not set stay the runtime's. NRI
+    // before v0.10 (containerd 1.7, 2.0, 2.1) does not show plugins the
+    // CRI's unified map, so e.g. the kubelet's MemoryQoS memory.min can
+    // be in the kernel without being visible here: report, not drift.
+    for key in ["memory.min", "memory.low", "memory.high"] {
+        checks.push(
+            match (
+                d.adjustment.unified.get(key),
+                facts.resources.unified.get(key),
+            ) {
+                // memory.high raised to memory.max by the monitor's throttle
+                // guard: not drift, the policy leaves it so until the
+                // container restarts or is resized.
+                (Some(want), _) if key == "memory.high" && relaxed_in_tree(dir, want) => Check {
+                    key: key.into(),
+                    expected: Some(want.clone()),
+                    actual: format!(
+                        "{} (relaxed by the throttle guard)",
+                        file(key).unwrap_or_default()
+                    ),
+                    ok: true,
+                    owner: Owner::NriQos,
+                },
+                (Some(want), _) => check(key, want.clone(), file(key)),
+                // The kubelet's value as it sent it: never replaced, so it must be there.
+                (None, Some(sent)) => owned(check(key, sent.clone(), file(key)), Owner::Kubelet),
+                (None, None) if kubelet => owned(report_only(key, file(key)), Owner::Kubelet),
+                (None, None) => report_only(key, file(key)),
+            },
+        );
+    }
+    checks
+}
+
+/// The container's `/proc/<pid>/oom_score_adj` against what the policy
+/// (or the runtime, where the policy leaves it) wants.
+fn oom_check(
+    d: &qos::Decision,
+    facts: &qos::ContainerFacts,
+    c: &api::Container,
+    proc_root: &Path,
+) -> Option<Check> {
+    let want = d.adjustment.oom_score_adj.or(facts.oom_score_adj)?;
+    if c.pid == 0 {
+        return None;
+    }
+    let path = proc_root.join(c.pid.to_string()).join("oom_score_adj");
+    let owner = if d.adjustment.oom_score_adj.is_some() {
+        Owner::NriQos
+    } else {
+        Owner::Runtime
+    };
+    Some(owned(
+        check("oom_score_adj", want.to_string(), read_trimmed(&path)),
+        owner,
+    ))
+}
+
+/// Every pod's protection as the keeper counts it: kubelet-owned pods in
+/// their parents with what they carry, the others with what the policy
+/// gives their containers.
+fn pod_protections(
+    snap: &Snapshot,
+    cgroup_root: &Path,
+    explicit: bool,
+    kubelet_pods: &HashMap<&str, bool>,
+    protection: &HashMap<&str, (u64, u64)>,
+) -> Vec<PodProtection> {
+    snap.pods
+        .iter()
+        .filter_map(|p| {
+            let cgroups = pod_cgroups(&p.linux.cgroup_parent)?;
+            let kubelet = explicit || kubelet_pods.get(p.id.as_str()).copied().unwrap_or(false);
+            let (min, low) = if kubelet {
+                let on_disk = read_protection(&cgroup_root.join(&cgroups.pod));
+                (on_disk.min, on_disk.low)
+            } else {
+                let (min, low) = protection.get(p.id.as_str()).copied().unwrap_or_default();
+                let limit = view::pod_memory_limit(&convert::pod_from_wire(p));
+                (within_pod_limit(min, limit), within_pod_limit(low, limit))
+            };
+            Some(PodProtection {
+                cgroups,
+                memory_min: min,
+                memory_low: low,
+                kubelet,
+            })
+        })
+        .collect()
+}
+
+/// The keeper's plan for the pod, QoS and kubepods cgroups against their files.
+fn hierarchy_checks(
+    pods: &[PodProtection],
+    node: &NodeFacts,
+    hierarchy: &HierarchyConfig,
+    cgroup_root: &Path,
+    explicit: bool,
+    report: &mut AuditReport,
+) {
+    let classes: HashMap<PathBuf, QosClass> = pods
+        .iter()
+        .map(|p| (p.cgroups.pod.clone(), p.cgroups.class))
+        .collect();
+    // The kubelet owns a QoS or kubepods cgroup once it owns a pod in it.
+    let kubelet_owned = |cg: &PathBuf| {
+        explicit
+            || pods.iter().any(|p| {
+                p.kubelet
+                    && (&p.cgroups.pod == cg
+                        || &p.cgroups.kubepods == cg
+                        || p.cgroups.qos.as_ref() == Some(cg))
+            })
+    };
+    let budget = plan::budget(
+        node.memory_capacity,
+        hierarchy.reserve_bytes,
+        hierarchy.budget_share,
+    );
+    for (cg, want) in plan::targets(pods, budget).by_cgroup {
+        let dir = cgroup_root.join(&cg);
+        if !dir.is_dir() {
+            report
+                .skipped
+                .push(format!("no cgroup at {}", dir.display()));
+            continue;
+        }
+        let kubelet = kubelet_owned(&cg);
+        let checks: Vec<Check> = [("memory.min", want.min), ("memory.low", want.low)]
+            .into_iter()
+            .map(|(f, v)| {
+                let actual = read_trimmed(&dir.join(f));
+                if kubelet {
+                    owned(report_only(f, actual), Owner::Kubelet)
+                } else {
+                    check(f, v.to_string(), actual)
+                }
+            })
+            .collect();
+        report.drift += checks.iter().filter(|c| !c.ok).count();
+        report.hierarchy.push(Subject {
+            name: cg.display().to_string(),
+            class: classes.get(&cg).copied(),
+            cgroup: cg.display().to_string(),
+            memory_request: None,
+            request_source: None,
+            checks,
+        });
+    }
 }
 
 /// A readable table; drifting values are marked.

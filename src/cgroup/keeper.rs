@@ -20,7 +20,7 @@ use tracing::{debug, error, info, warn};
 use super::plan::{self, PodProtection, Write};
 use crate::node::cgroupfs::{read_populated, read_protection, Owner, Protection};
 use crate::node::layout::{pod_cgroups, PodCgroups};
-use crate::node::registry::Registry;
+use crate::node::registry::{within_pod_limit, Registry};
 use crate::node::{join_inside, UnsafePath};
 use crate::qos::KubeletMemoryQos;
 
@@ -171,8 +171,8 @@ impl Keeper {
             let (min, low, kubelet) = per_pod.get(pod_id.as_str()).copied().unwrap_or_default();
             out.push(PodProtection {
                 cgroups,
-                memory_min: min,
-                memory_low: low,
+                memory_min: within_pod_limit(min, pod.memory_limit),
+                memory_low: within_pod_limit(low, pod.memory_limit),
                 kubelet,
             });
         }
@@ -542,6 +542,31 @@ mod tests {
         pass(&mut k, &reg);
         assert_eq!(read(root, "kubepods", "memory.min"), 0);
         assert_eq!(read(root, "kubepods", "memory.low"), 512 << 20);
+    }
+
+    /// Containers inheriting their pod's limit (pod-level resources) each
+    /// ask for it whole; the pod and its parents get no more than the pod
+    /// may hold, and follow the limit when the pod is resized.
+    #[test]
+    fn a_pods_protection_stops_at_its_memory_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        tree(root, &["kubepods", "kubepods/podg"]);
+        let mut k = keeper(root);
+        let mut reg = registry(&[
+            ("g", "/kubepods/podg", 1 << 30, 0),
+            ("g", "/kubepods/podg", 1 << 30, 0),
+        ]);
+        pass(&mut k, &reg);
+        assert_eq!(read(root, "kubepods/podg", "memory.min"), 2 << 30);
+        reg.pods.get_mut("g").unwrap().memory_limit = Some(1 << 30);
+        pass(&mut k, &reg);
+        assert_eq!(read(root, "kubepods/podg", "memory.min"), 1 << 30);
+        assert_eq!(read(root, "kubepods", "memory.min"), 1 << 30);
+        reg.pods.get_mut("g").unwrap().memory_limit = Some(3 << 29);
+        pass(&mut k, &reg);
+        assert_eq!(read(root, "kubepods/podg", "memory.min"), 3 << 29);
+        assert_eq!(read(root, "kubepods", "memory.min"), 3 << 29);
     }
 
     #[test]

@@ -2,7 +2,10 @@
 
 use std::path::PathBuf;
 
-use super::{check_budget_share, Config, ConfigError};
+use thiserror::Error;
+
+use super::{check_budget_share, BudgetShareError, Config, ConfigError};
+use crate::observability::UnknownLogFormat;
 
 /// Prefix of the environment variables [`Config::apply_env`] reads.
 pub const ENV_PREFIX: &str = "NRI_QOS_";
@@ -26,7 +29,25 @@ pub const ENV_TABLES: &[&str] = &[
     "KUBERNETES",
 ];
 
-type EnvSetter = fn(&mut Config, &str) -> Result<(), String>;
+/// Why an environment variable's value cannot set its config value.
+#[derive(Debug, Error)]
+pub enum EnvValueError {
+    #[error("{0:?} is not a boolean (true/false, 1/0, yes/no, on/off)")]
+    NotBool(String),
+    #[error("{value:?}: {reason}")]
+    Unparsable {
+        value: String,
+        reason: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("empty path")]
+    EmptyPath,
+    #[error(transparent)]
+    BudgetShare(#[from] BudgetShareError),
+    #[error(transparent)]
+    LogFormat(#[from] UnknownLogFormat),
+}
+
+type EnvSetter = fn(&mut Config, &str) -> Result<(), EnvValueError>;
 
 /// The environment mapping: `NRI_QOS_<TABLE>_<KEY>` with the key's `-` as `_`
 /// sets `<table>.<key>`. `[policy]` is file-only.
@@ -64,7 +85,7 @@ const ENV_TABLE: &[(&str, &str, EnvSetter)] = &[
         },
     ),
     ("PLUGIN_LOG_FORMAT", "plugin.log-format", |c, v| {
-        c.plugin.log_format = v.to_string();
+        c.plugin.log_format = v.parse()?;
         Ok(())
     }),
     ("PLUGIN_LOG_LEVEL", "plugin.log-level", |c, v| {
@@ -155,26 +176,27 @@ pub fn env_variables() -> impl Iterator<Item = (String, &'static str)> {
         .map(|(suffix, field, _)| (format!("{ENV_PREFIX}{suffix}"), *field))
 }
 
-fn parse_bool(v: &str) -> Result<bool, String> {
+fn parse_bool(v: &str) -> Result<bool, EnvValueError> {
     match v.to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err(format!(
-            "{v:?} is not a boolean (true/false, 1/0, yes/no, on/off)"
-        )),
+        _ => Err(EnvValueError::NotBool(v.to_string())),
     }
 }
 
-fn parse_num<T: std::str::FromStr>(v: &str) -> Result<T, String>
+fn parse_num<T: std::str::FromStr>(v: &str) -> Result<T, EnvValueError>
 where
-    T::Err: std::fmt::Display,
+    T::Err: std::error::Error + Send + Sync + 'static,
 {
-    v.parse::<T>().map_err(|e| format!("{v:?}: {e}"))
+    v.parse::<T>().map_err(|e| EnvValueError::Unparsable {
+        value: v.to_string(),
+        reason: Box::new(e),
+    })
 }
 
-fn non_empty_path(v: &str) -> Result<PathBuf, String> {
+fn non_empty_path(v: &str) -> Result<PathBuf, EnvValueError> {
     if v.is_empty() {
-        return Err("empty path".into());
+        return Err(EnvValueError::EmptyPath);
     }
     Ok(PathBuf::from(v))
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{Config, ConfigError};
 use crate::nri::Identity;
+use crate::observability::LogFormat;
 use crate::pressure::config::{HumanDuration, MonitorConfig, Quantity};
 use crate::pressure::Paths;
 
@@ -28,8 +29,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// Log format: text or json.
-    #[arg(long)]
-    pub log_format: Option<String>,
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
     /// Log level or tracing filter.
     #[arg(long)]
     pub log_level: Option<String>,
@@ -90,8 +91,8 @@ impl Config {
         if let Some(i) = &args.index {
             cfg.plugin.index = i.clone();
         }
-        if let Some(f) = &args.log_format {
-            cfg.plugin.log_format = f.clone();
+        if let Some(f) = args.log_format {
+            cfg.plugin.log_format = f;
         }
         if let Some(l) = &args.log_level {
             cfg.plugin.log_level = l.clone();
@@ -109,12 +110,6 @@ impl Config {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
 /// Node memory-pressure monitor: PSI-triggered, kills whole pods in the
 /// kubelet's order before the kernel OOM killer fires.
 #[derive(Debug, Clone, clap::Args)]
@@ -126,6 +121,8 @@ pub struct MonitorArgs {
     /// node.proc-root, /proc).
     #[arg(long)]
     pub proc_root: Option<PathBuf>,
+    // `--help` prints this text: the brackets name TOML tables, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Config file (default: /etc/nri-qos/nri-qos.toml when it exists); the
     /// monitor uses its [monitor], [throttle] and [node] tables and
     /// plugin.log-level.
@@ -169,7 +166,7 @@ pub struct MonitorArgs {
 pub struct MonitorSettings {
     pub monitor: MonitorConfig,
     pub paths: Paths,
-    pub log_format: String,
+    pub log_format: LogFormat,
     pub log_level: String,
 }
 
@@ -189,11 +186,7 @@ impl MonitorArgs {
             cfg.node.proc_root = p.clone();
         }
         if let Some(f) = self.log_format {
-            cfg.plugin.log_format = match f {
-                LogFormat::Json => "json",
-                LogFormat::Text => "text",
-            }
-            .into();
+            cfg.plugin.log_format = f;
         }
         if let Some(l) = &self.log_level {
             cfg.plugin.log_level = l.clone();

@@ -15,6 +15,7 @@ use crate::cgroup::HierarchyConfig;
 use crate::kube::KubernetesConfig;
 use crate::pressure::throttle::ThrottleConfig;
 use crate::pressure::MonitorConfig;
+use crate::qos::policy::PolicyError;
 use crate::qos::PolicyConfig;
 
 mod env;
@@ -22,8 +23,9 @@ mod flags;
 #[cfg(test)]
 mod tests;
 
-pub use env::{env_variables, process_env, ENV_PREFIX, ENV_RESERVED, ENV_TABLES};
-pub use flags::{Launch, LogFormat, MonitorArgs, MonitorSettings, RunArgs};
+pub use crate::observability::LogFormat;
+pub use env::{env_variables, process_env, EnvValueError, ENV_PREFIX, ENV_RESERVED, ENV_TABLES};
+pub use flags::{Launch, MonitorArgs, MonitorSettings, RunArgs};
 
 /// Where the runtime's NRI socket lives by default (containerd and CRI-O).
 pub const DEFAULT_SOCKET: &str = "/var/run/nri/nri.sock";
@@ -58,7 +60,7 @@ pub struct PluginConfig {
     /// Apply the policy to containers that already run when we connect.
     pub adjust_existing: bool,
     /// Log format: "text" or "json".
-    pub log_format: String,
+    pub log_format: LogFormat,
     /// Log level or tracing filter, e.g. "info" or "nri_qos=debug".
     pub log_level: String,
     /// Also append logs to this file (stderr always gets them).
@@ -79,7 +81,7 @@ impl Default for PluginConfig {
             socket: PathBuf::from(DEFAULT_SOCKET),
             dry_run: false,
             adjust_existing: true,
-            log_format: "text".into(),
+            log_format: LogFormat::Text,
             log_level: "info".into(),
             log_file: None,
             with_monitor: false,
@@ -140,6 +142,8 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// `message` names the key (`plugin.log-format: …`) when the
+    /// problem is a key's.
     #[error("invalid config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid config value {field}: {reason}")]
@@ -152,8 +156,24 @@ pub enum ConfigError {
     Env {
         var: String,
         field: &'static str,
-        reason: String,
+        reason: EnvValueError,
     },
+}
+
+/// A `hierarchy.budget-share` that is not a share of memory.
+#[derive(Debug, Clone, Copy, PartialEq, Error)]
+#[error("{0} is not a share in (0, 1] (to turn the keeper off: hierarchy.enabled = false)")]
+pub struct BudgetShareError(pub f64);
+
+/// Why the runtime's drop-in config was not applied.
+#[derive(Debug, Error)]
+pub enum DropInError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Toml(#[from] toml::de::Error),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
 }
 
 /// `plugin.sync-budget-mib`: a node of 1,000 pods / 3,000 containers needs
@@ -175,23 +195,30 @@ pub const MAX_RESYNC_SECONDS: u64 = 3600;
 /// `hierarchy.budget-share`: a share of memory, so a finite number in
 /// (0, 1]. nan or a negative share would compute a budget of 0 and strip
 /// every pod of its protection; `hierarchy.enabled = false` turns it off.
-fn check_budget_share(v: f64) -> Result<(), String> {
+fn check_budget_share(v: f64) -> Result<(), BudgetShareError> {
     if v.is_finite() && v > 0.0 && v <= 1.0 {
         Ok(())
     } else {
-        Err(format!(
-            "{v} is not a share in (0, 1] (to turn the keeper off: hierarchy.enabled = false)"
-        ))
+        Err(BudgetShareError(v))
     }
 }
 
 impl Config {
-    /// Parses TOML text; `origin` names the source in errors.
+    /// Parses TOML text; `origin` names the source in errors, and a bad
+    /// value its key.
     pub fn from_toml(text: &str, origin: &Path) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            path: origin.to_path_buf(),
-            message: e.to_string().trim().replace('\n', " "),
-        })?;
+        let cfg: Config =
+            serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+                let key = e.path().to_string();
+                let message = e.into_inner().to_string().trim().replace('\n', " ");
+                ConfigError::Parse {
+                    path: origin.to_path_buf(),
+                    message: match key.as_str() {
+                        "." => message,
+                        key => format!("{key}: {message}"),
+                    },
+                }
+            })?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -231,20 +258,18 @@ impl Config {
             field: "throttle",
             reason: e.to_string(),
         })?;
-        self.policy
-            .validate()
-            .map_err(|reason| ConfigError::Invalid {
-                field: "policy",
-                reason,
-            })?;
-        check_budget_share(self.hierarchy.budget_share).map_err(|reason| ConfigError::Invalid {
-            field: "hierarchy.budget-share",
-            reason,
+        self.policy.validate().map_err(|e| ConfigError::Invalid {
+            field: "policy",
+            reason: e.to_string(),
         })?;
-        crate::observability::check_level(&self.plugin.log_level).map_err(|reason| {
+        check_budget_share(self.hierarchy.budget_share).map_err(|e| ConfigError::Invalid {
+            field: "hierarchy.budget-share",
+            reason: e.to_string(),
+        })?;
+        crate::observability::check_level(&self.plugin.log_level).map_err(|e| {
             ConfigError::Invalid {
                 field: "plugin.log-level",
-                reason,
+                reason: e.to_string(),
             }
         })?;
         for (field, path) in [
@@ -271,12 +296,6 @@ impl Config {
             return Err(ConfigError::Invalid {
                 field: "hierarchy.resync-seconds",
                 reason: format!("{resync} is not in 1..={MAX_RESYNC_SECONDS}"),
-            });
-        }
-        if !matches!(self.plugin.log_format.as_str(), "text" | "json") {
-            return Err(ConfigError::Invalid {
-                field: "plugin.log-format",
-                reason: format!("{:?} is not \"text\" or \"json\"", self.plugin.log_format),
             });
         }
         self.kubernetes
@@ -322,17 +341,18 @@ pub fn layer_drop_in(
     base: &PolicyConfig,
     base_dry_run: bool,
     text: &str,
-) -> Result<(PolicyConfig, bool), String> {
+) -> Result<(PolicyConfig, bool), DropInError> {
     let origin = Path::new("<runtime drop-in config>");
-    Config::from_toml(text, origin).map_err(|e| e.to_string())?;
-    let overlay: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
-    let mut policy = toml::Table::try_from(base).map_err(|e| e.to_string())?;
+    Config::from_toml(text, origin)?;
+    let overlay: toml::Table = toml::from_str(text)?;
+    let mut policy = toml::Table::try_from(base).map_err(|e| ConfigError::Invalid {
+        field: "policy",
+        reason: e.to_string(),
+    })?;
     if let Some(toml::Value::Table(p)) = overlay.get("policy") {
         policy.extend(p.clone());
     }
-    let policy: PolicyConfig = toml::Value::Table(policy)
-        .try_into()
-        .map_err(|e: toml::de::Error| e.to_string())?;
+    let policy: PolicyConfig = toml::Value::Table(policy).try_into()?;
     policy.validate()?;
     let dry_run = overlay
         .get("plugin")
@@ -344,5 +364,5 @@ pub fn layer_drop_in(
 
 /// [`layer_drop_in`] over `base` as the plugin's [`crate::nri::plugin::DropInLayer`].
 pub fn drop_in_layer(base: PolicyConfig, base_dry_run: bool) -> crate::nri::plugin::DropInLayer {
-    std::sync::Arc::new(move |text: &str| layer_drop_in(&base, base_dry_run, text))
+    std::sync::Arc::new(move |text: &str| Ok(layer_drop_in(&base, base_dry_run, text)?))
 }

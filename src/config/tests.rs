@@ -45,7 +45,9 @@ fn non_finite_and_out_of_range_shares_are_refused_everywhere() {
             .to_string();
         assert!(err.contains("hierarchy.budget-share"), "{v}: {err}");
         // The runtime's drop-in config is checked the same way.
-        let err = layer_drop_in(&Default::default(), false, &text).expect_err(v);
+        let err = layer_drop_in(&Default::default(), false, &text)
+            .expect_err(v)
+            .to_string();
         assert!(err.contains("hierarchy.budget-share"), "{v}: {err}");
     }
     // The other float keys already were; keep them so.
@@ -175,7 +177,7 @@ fn env_sets_each_field() {
             !c.plugin.adjust_existing
         }),
         ("NRI_QOS_PLUGIN_LOG_FORMAT", "json", |c| {
-            c.plugin.log_format == "json"
+            c.plugin.log_format == LogFormat::Json
         }),
         ("NRI_QOS_PLUGIN_LOG_LEVEL", "nri_qos=debug", |c| {
             c.plugin.log_level == "nri_qos=debug"
@@ -274,6 +276,11 @@ fn env_errors_name_the_variable_and_field() {
             &["metrics.address"],
         ),
         ("NRI_QOS_PLUGIN_SOCKET", "", &["plugin.socket", "empty"]),
+        (
+            "NRI_QOS_PLUGIN_LOG_FORMAT",
+            "xml",
+            &["NRI_QOS_PLUGIN_LOG_FORMAT", "plugin.log-format", "\"xml\""],
+        ),
     ];
     for (var, value, needles) in table {
         let err = Config::default()
@@ -335,6 +342,7 @@ fn a_drop_in_overrides_only_the_keys_it_sets() {
     assert!(
         layer_drop_in(&base, false, "[policy]\ncpu-wieght = \"linear\"\n")
             .unwrap_err()
+            .to_string()
             .contains("cpu-wieght")
     );
     assert!(layer_drop_in(&base, false, "[policy]\nmemory-throttling-factor = 7.0\n").is_err());
@@ -410,7 +418,7 @@ fn monitor_reads_the_environment_and_its_log_level() {
         "env over defaults"
     );
     assert_eq!(s.log_level, "debug", "env over the file");
-    assert_eq!(s.log_format, "text");
+    assert_eq!(s.log_format, LogFormat::Text);
     let s = Wrap::try_parse_from([
         "x",
         "-c",
@@ -428,8 +436,8 @@ fn monitor_reads_the_environment_and_its_log_level() {
     .unwrap();
     assert_eq!(s.paths.cgroup_root, Path::new("/cg"), "flags over env");
     assert_eq!(
-        (s.log_level.as_str(), s.log_format.as_str()),
-        ("error", "json")
+        (s.log_level.as_str(), s.log_format),
+        ("error", LogFormat::Json)
     );
     let err = Wrap::try_parse_from(["x", "-c", c])
         .unwrap()

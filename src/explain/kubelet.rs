@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use thiserror::Error;
 
 use super::NodeSpec;
 use crate::node::QosClass;
@@ -35,6 +36,19 @@ pub enum KubeletMode {
     Tiered,
 }
 
+/// A kubelet version and Memory QoS setup that do not go together.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum KubeletSimError {
+    #[error("kubelet version must look like 1.37, not {0:?}")]
+    Version(String),
+    #[error("the alpha Memory QoS (memory.min everywhere) is kubelet 1.27-1.35, not 1.{0}")]
+    AlphaOutsideRange(u32),
+    #[error("TieredReservation needs kubelet 1.36 or later, not 1.{0}")]
+    TieredTooOld(u32),
+    #[error("memory throttling factor must be in (0, 1], not {0}")]
+    ThrottlingFactor(f64),
+}
+
 impl KubeletMemoryQosSim {
     /// Defaults of a kubelet `major.minor` with the given mode (`None`: its
     /// default): before 1.37 the gate is off; 1.37 turns it on with the
@@ -44,32 +58,24 @@ impl KubeletMemoryQosSim {
         version: &str,
         mode: Option<KubeletMode>,
         factor: Option<f64>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, KubeletSimError> {
         let minor = version
             .trim_start_matches('v')
             .strip_prefix("1.")
             .and_then(|m| m.split('.').next())
             .and_then(|m| m.parse::<u32>().ok())
-            .ok_or_else(|| format!("kubelet version must look like 1.37, not {version:?}"))?;
+            .ok_or_else(|| KubeletSimError::Version(version.to_string()))?;
         let mode = mode.unwrap_or_default();
         match mode {
             KubeletMode::Alpha if !(27..=35).contains(&minor) => {
-                return Err(format!(
-                "the alpha Memory QoS (memory.min everywhere) is kubelet 1.27-1.35, not 1.{minor}"
-            ))
+                return Err(KubeletSimError::AlphaOutsideRange(minor))
             }
-            KubeletMode::Tiered if minor < 36 => {
-                return Err(format!(
-                    "TieredReservation needs kubelet 1.36 or later, not 1.{minor}"
-                ))
-            }
+            KubeletMode::Tiered if minor < 36 => return Err(KubeletSimError::TieredTooOld(minor)),
             _ => {}
         }
         if let Some(f) = factor {
             if !(f.is_finite() && f > 0.0 && f <= 1.0) {
-                return Err(format!(
-                    "memory throttling factor must be in (0, 1], not {f}"
-                ));
+                return Err(KubeletSimError::ThrottlingFactor(f));
             }
         }
         let throttling_factor = match (mode, factor) {
@@ -124,14 +130,15 @@ fn is_node_critical(pod: &Pod) -> bool {
 }
 
 /// kubelet `GetContainerOOMScoreAdjust` (policy.go, v1.34 era).
-#[allow(clippy::too_many_arguments)]
+/// `remaining`: the container's share of the pod-level request beyond the
+/// containers' own; `sidecar_cap`: for a sidecar, the smallest regular
+/// container's request, whose score the sidecar's may not exceed.
 pub(super) fn oom_score_adj(
     pod: &Pod,
     class: QosClass,
     mem_request: u64,
     remaining: u64,
-    sidecar: bool,
-    min_regular_request: Option<u64>,
+    sidecar_cap: Option<u64>,
     capacity: u64,
 ) -> i64 {
     if is_node_critical(pod) {
@@ -142,20 +149,14 @@ pub(super) fn oom_score_adj(
         QosClass::BestEffort => return f::BESTEFFORT_OOM_SCORE_ADJ,
         QosClass::Burstable => {}
     }
-    let cap = u128::from(capacity.max(1));
-    let raw =
-        |req: u64| 1000 - (1000 * (u128::from(req) + u128::from(remaining)) / cap).min(2000) as i64;
-    let mut adj = raw(mem_request);
-    if sidecar {
-        if let Some(min_req) = min_regular_request {
-            adj = adj.min(raw(min_req));
-        }
+    // Each request counts with the container's share of the pod-level
+    // request; a sidecar scores no higher than the smallest regular
+    // container. The floor and the 1000 → 999 step are monotone, so the
+    // minimum of the finished scores is the kubelet's minimum before them.
+    let score = |req: u64| f::burstable_oom_score_adj(req.saturating_add(remaining), capacity);
+    let adj = score(mem_request);
+    match sidecar_cap {
+        Some(min_req) => adj.min(score(min_req)),
+        None => adj,
     }
-    if adj < 1000 + f::GUARANTEED_OOM_SCORE_ADJ {
-        return 3;
-    }
-    if adj == 1000 {
-        return 999;
-    }
-    adj
 }

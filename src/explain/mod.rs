@@ -10,6 +10,8 @@
 //! `kubelet` simulates the kubelet's side, `render` turns a report into the
 //! table the command prints.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use serde_json::{json, Value};
 use thiserror::Error;
@@ -19,14 +21,14 @@ use crate::node::cgroupfs::Owner;
 use crate::node::layout::{container_cgroup, pod_cgroup_parent, Driver};
 use crate::node::{NodeFacts, QosClass};
 use crate::qos::formulas as f;
-use crate::qos::pod::{parse_pod, pod_qos, ManifestError, Resolved};
+use crate::qos::pod::{parse_pod, pod_qos, ManifestError, Pod, Resolved};
 use crate::qos::policy::{self, PolicyConfig, WeightConversion};
-use crate::qos::{ContainerFacts, PodFacts, RequestSource, Resources};
+use crate::qos::{Adjustment, ContainerFacts, Decision, PodFacts, RequestSource, Resources};
 
 mod kubelet;
 mod render;
 
-pub use kubelet::{KubeletMemoryQosSim, KubeletMode};
+pub use kubelet::{KubeletMemoryQosSim, KubeletMode, KubeletSimError};
 pub use render::{inversion_table, render_table};
 
 #[derive(Debug, Error)]
@@ -43,6 +45,18 @@ pub struct NodeSpec {
     pub page_size: u64,
     pub driver: Driver,
     pub cgroup_v2: bool,
+}
+
+impl NodeSpec {
+    /// The node as the policy sees it.
+    fn facts(&self) -> NodeFacts {
+        NodeFacts {
+            memory_capacity: self.memory_capacity,
+            memory_allocatable: self.memory_allocatable,
+            page_size: self.page_size,
+            cgroup_v2: self.cgroup_v2,
+        }
+    }
 }
 
 /// One container's kernel values.
@@ -77,10 +91,10 @@ pub struct ContainerReport {
     /// kubelet maps to that value, `[from, to)` bytes (`to` null: no bound).
     pub memory_request_range: Option<(u64, Option<u64>)>,
     /// The Memory QoS keys of the kubelet's CRI `unified` map.
-    pub kubelet_unified: std::collections::BTreeMap<String, String>,
+    pub kubelet_unified: BTreeMap<String, String>,
     /// Who sets each cgroup value: `kubelet` (its Memory QoS), `nri-qos`
     /// (our adjustment), or `runtime` (the CRI request as the runtime applies it).
-    pub set_by: std::collections::BTreeMap<String, Owner>,
+    pub set_by: BTreeMap<String, Owner>,
 }
 
 /// The CRI resources the kubelet computes for a container (kuberuntime).
@@ -142,18 +156,9 @@ pub fn explain_with(
     kubelet: &KubeletMemoryQosSim,
     api_server: bool,
 ) -> Result<PodReport, ExplainError> {
-    let pod = parse_pod(yaml)?;
-    // A file given to explain must say what it is (parse_pod also reads
-    // API objects, where list items can come without their kind).
-    if pod.kind.is_empty() {
-        return Err(ManifestError::Field {
-            path: "kind".into(),
-            message: "missing; a Pod manifest says `kind: Pod`".into(),
-        }
-        .into());
-    }
+    let pod = parse_pod_manifest(yaml)?;
     let (class, class_reason) = pod_qos(&pod)?;
-    let api_facts = api_server.then(|| from_manifest(&pod)).transpose()?;
+    let api = api_server.then(|| from_manifest(&pod)).transpose()?;
     let uid = if pod.metadata.uid.is_empty() {
         "00000000-0000-0000-0000-000000000000".to_string()
     } else {
@@ -164,238 +169,344 @@ pub fn explain_with(
         Some(r) => Some(r.resolve("spec.resources")?),
         None => None,
     };
+    let all = spec_containers(&pod)?;
+    let ctx = PodContext {
+        class,
+        node,
+        cfg,
+        kubelet,
+        node_facts: node.facts(),
+        pod_facts: PodFacts {
+            namespace: pod.metadata.namespace.clone(),
+            name: pod.metadata.name.clone(),
+            uid,
+            labels: pod.metadata.labels.clone(),
+            annotations: pod.metadata.annotations.clone(),
+            cgroup_parent: cgroup_parent.clone(),
+            resources: None,
+            kubelet_memory_qos: false,
+        },
+        pod_path,
+        pod_level,
+        remaining: pod_level_share(&all, pod_level),
+        min_regular: all
+            .iter()
+            .filter(|c| !c.init)
+            .map(SpecContainer::memory_request)
+            .min(),
+        api,
+        pod: &pod,
+    };
+    let containers: Vec<ContainerReport> = all.iter().map(|c| ctx.explain(c)).collect();
+    let namespace = match pod.metadata.namespace.as_str() {
+        "" => "default",
+        ns => ns,
+    };
+    Ok(PodReport {
+        pod: format!("{namespace}/{}", pod.metadata.name),
+        qos_class: class,
+        reason: class_reason,
+        cgroup_parent,
+        pod_cgroup: pod_cgroup(&ctx.pod_path, &containers),
+        containers,
+        sandbox: sandbox(node, &ctx.pod_path),
+        request_source: api_server.then(|| RequestSource::ApiServer.to_string()),
+    })
+}
 
-    // (name, init, sidecar, resolved)
+/// The pause container: runtime-created, oom_score_adj -998, 2 shares.
+fn sandbox(node: &NodeSpec, pod_path: &str) -> Value {
+    json!({
+        "cgroupPath": container_cgroup(node.driver, pod_path, "<sandbox-id>"),
+        "cpuShares": f::MIN_SHARES,
+        "cpuWeight": 1,
+        "oomScoreAdj": f::SANDBOX_OOM_SCORE_ADJ,
+    })
+}
+
+/// Parses the file given to explain, which must say what it is
+/// (`parse_pod` also reads API objects, where list items can come without
+/// their kind).
+fn parse_pod_manifest(yaml: &str) -> Result<Pod, ExplainError> {
+    let pod = parse_pod(yaml)?;
+    if pod.kind.is_empty() {
+        return Err(ManifestError::Field {
+            path: "kind".into(),
+            message: "missing; a Pod manifest says `kind: Pod`".into(),
+        }
+        .into());
+    }
+    Ok(pod)
+}
+
+/// One container of the spec with its requests and limits resolved.
+struct SpecContainer {
+    name: String,
+    init: bool,
+    /// An init container that keeps running (`restartPolicy: Always`).
+    sidecar: bool,
+    resources: Resolved,
+}
+
+impl SpecContainer {
+    fn memory_request(&self) -> u64 {
+        self.resources.requests.memory.unwrap_or(0)
+    }
+
+    /// Runs for the pod's lifetime (a regular container or a sidecar), so
+    /// it counts toward the pod's requests.
+    fn runs_with_pod(&self) -> bool {
+        !self.init || self.sidecar
+    }
+}
+
+/// The init containers, then the regular ones, resolved.
+fn spec_containers(pod: &Pod) -> Result<Vec<SpecContainer>, ManifestError> {
     let mut all = Vec::new();
     for (i, c) in pod.spec.init_containers.iter().enumerate() {
-        let r = c
-            .resources
-            .resolve(&format!("spec.initContainers[{i}].resources"))?;
-        all.push((c.name.clone(), true, c.is_sidecar(), r));
+        all.push(SpecContainer {
+            name: c.name.clone(),
+            init: true,
+            sidecar: c.is_sidecar(),
+            resources: c
+                .resources
+                .resolve(&format!("spec.initContainers[{i}].resources"))?,
+        });
     }
     for (i, c) in pod.spec.containers.iter().enumerate() {
-        let r = c
-            .resources
-            .resolve(&format!("spec.containers[{i}].resources"))?;
-        all.push((c.name.clone(), false, false, r));
+        all.push(SpecContainer {
+            name: c.name.clone(),
+            init: false,
+            sidecar: false,
+            resources: c
+                .resources
+                .resolve(&format!("spec.containers[{i}].resources"))?,
+        });
     }
-    let mem = |r: &Resolved| r.requests.memory.unwrap_or(0);
-    let min_regular = all
+    Ok(all)
+}
+
+/// The pod-level memory request beyond the containers', spread evenly over
+/// them (helpers.go); 0 without a pod-level request.
+fn pod_level_share(all: &[SpecContainer], pod_level: Option<Resolved>) -> u64 {
+    let Some(pod_req) = pod_level.and_then(|p| p.requests.memory) else {
+        return 0;
+    };
+    let running: u64 = all
         .iter()
-        .filter(|(_, init, _, _)| !init)
-        .map(|(_, _, _, r)| mem(r))
-        .min();
-    // Pod-level memory request beyond the containers' is spread evenly (helpers.go).
-    let remaining = pod_level
-        .and_then(|p| p.requests.memory)
-        .map(|pod_req| {
-            let running: u64 = all
-                .iter()
-                .filter(|(_, init, sidecar, _)| !init || *sidecar)
-                .map(|(_, _, _, r)| mem(r))
-                .fold(0, u64::saturating_add);
-            let init_max = all
-                .iter()
-                .filter(|(_, init, sidecar, _)| *init && !*sidecar)
-                .map(|(_, _, _, r)| mem(r))
-                .max()
-                .unwrap_or(0);
-            pod_req.saturating_sub(running.max(init_max)) / all.len().max(1) as u64
-        })
+        .filter(|c| c.runs_with_pod())
+        .map(SpecContainer::memory_request)
+        .fold(0, u64::saturating_add);
+    let init_max = all
+        .iter()
+        .filter(|c| c.init && !c.sidecar)
+        .map(SpecContainer::memory_request)
+        .max()
         .unwrap_or(0);
+    pod_req.saturating_sub(running.max(init_max)) / all.len().max(1) as u64
+}
 
-    let node_facts = NodeFacts {
-        memory_capacity: node.memory_capacity,
-        memory_allocatable: node.memory_allocatable,
-        page_size: node.page_size,
-        cgroup_v2: node.cgroup_v2,
-    };
-    let pod_facts = PodFacts {
-        namespace: pod.metadata.namespace.clone(),
-        name: pod.metadata.name.clone(),
-        uid: uid.clone(),
-        labels: pod.metadata.labels.clone(),
-        annotations: pod.metadata.annotations.clone(),
-        cgroup_parent: cgroup_parent.clone(),
-        resources: None,
-        kubelet_memory_qos: false,
-    };
+/// What every container of the explained pod is explained against.
+struct PodContext<'a> {
+    pod: &'a Pod,
+    class: QosClass,
+    node: &'a NodeSpec,
+    cfg: &'a PolicyConfig,
+    kubelet: &'a KubeletMemoryQosSim,
+    node_facts: NodeFacts,
+    pod_facts: PodFacts,
+    pod_path: String,
+    pod_level: Option<Resolved>,
+    /// Each container's share of the pod-level memory request.
+    remaining: u64,
+    /// The smallest regular container's memory request (a sidecar's
+    /// oom_score_adj is capped by it).
+    min_regular: Option<u64>,
+    /// The pod as the Kubernetes API source reads it, when explained for it.
+    api: Option<crate::kube::facts::PodFacts>,
+}
 
-    let mut containers = Vec::new();
-    let (mut pod_min, mut pod_low) = (0u64, 0u64);
-    let (mut kubelet_pod_min, mut kubelet_pod_low) = (0u64, 0u64);
-    for (name, init, sidecar, r) in &all {
-        // CRI values as kuberuntime computes them; CPU and memory limits
-        // fall back to the pod-level limits.
-        let cpu_limit = r
-            .limits
-            .cpu_milli
-            .or(pod_level.and_then(|p| p.limits.cpu_milli));
-        let cpu_request = r.requests.cpu_milli.or(cpu_limit);
-        let mem_limit = r.limits.memory.or(pod_level.and_then(|p| p.limits.memory));
-        let shares = f::milli_cpu_to_shares(cpu_request.unwrap_or(0));
-        let quota = cpu_limit.map(|m| f::milli_cpu_to_quota(m, f::QUOTA_PERIOD));
-        let oom = kubelet::oom_score_adj(
-            &pod,
-            class,
-            mem(r),
-            remaining,
-            *sidecar,
-            min_regular,
-            node.memory_capacity,
-        );
+impl PodContext<'_> {
+    /// One container: what the kubelet sends, what the policy decides, and
+    /// what the kernel ends up with.
+    fn explain(&self, c: &SpecContainer) -> ContainerReport {
+        let kubelet = self.kubelet_request(c);
+        let mem_limit = self.memory_limit(c);
         // The kubelet's Memory QoS request: the container's own (with the
         // requests defaulted to the limits, as the API server does).
-        let kubelet_unified = kubelet.unified(class, mem(r), mem_limit, node);
-        if !*init || *sidecar {
-            let v = |k: &str| {
-                kubelet_unified
-                    .get(k)
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
-            kubelet_pod_min += v("memory.min");
-            kubelet_pod_low += v("memory.low");
-        }
+        let kubelet_unified =
+            self.kubelet
+                .unified(self.class, c.memory_request(), mem_limit, self.node);
         let facts = ContainerFacts {
-            name: name.clone(),
+            name: c.name.clone(),
             resources: Resources {
-                cpu_shares: Some(shares),
-                cpu_quota: quota,
+                cpu_shares: Some(kubelet.cpu_shares),
+                cpu_quota: self.cpu_limit(c).map(|_| kubelet.cpu_quota),
                 cpu_period: Some(f::QUOTA_PERIOD),
                 memory_limit: mem_limit.map(|l| i64::try_from(l).unwrap_or(i64::MAX)),
                 unified: kubelet_unified.clone(),
             },
-            oom_score_adj: Some(oom),
-            api_memory_request: api_facts.as_ref().and_then(|f| f.container_request(name)),
+            oom_score_adj: Some(kubelet.oom_score_adj),
+            api_memory_request: self.api.as_ref().and_then(|f| f.container_request(&c.name)),
+            // A runtime that shows plugins the kubelet's keys (containerd
+            // 2.2, CRI-O 1.34 and later).
+            unified_shown: true,
             ..Default::default()
         };
-        let d = policy::decide(&pod_facts, &facts, &node_facts, cfg);
+        let d = policy::decide(&self.pod_facts, &facts, &self.node_facts, self.cfg);
         let eff = policy::effective(&facts.resources, &d.adjustment);
+        self.report(c, kubelet, kubelet_unified, &d, &eff)
+    }
+
+    /// The CPU limit, falling back to the pod-level one.
+    fn cpu_limit(&self, c: &SpecContainer) -> Option<u64> {
+        c.resources
+            .limits
+            .cpu_milli
+            .or(self.pod_level.and_then(|p| p.limits.cpu_milli))
+    }
+
+    /// The memory limit, falling back to the pod-level one.
+    fn memory_limit(&self, c: &SpecContainer) -> Option<u64> {
+        c.resources
+            .limits
+            .memory
+            .or(self.pod_level.and_then(|p| p.limits.memory))
+    }
+
+    /// The CRI values kuberuntime computes for the container.
+    fn kubelet_request(&self, c: &SpecContainer) -> KubeletRequest {
+        let cpu_limit = self.cpu_limit(c);
+        let cpu_request = c.resources.requests.cpu_milli.or(cpu_limit);
+        KubeletRequest {
+            cpu_shares: f::milli_cpu_to_shares(cpu_request.unwrap_or(0)),
+            cpu_quota: cpu_limit.map_or(0, |m| f::milli_cpu_to_quota(m, f::QUOTA_PERIOD)),
+            cpu_period: f::QUOTA_PERIOD,
+            memory_limit: self.memory_limit(c).unwrap_or(0),
+            oom_score_adj: kubelet::oom_score_adj(
+                self.pod,
+                self.class,
+                c.memory_request(),
+                self.remaining,
+                self.min_regular.filter(|_| c.sidecar),
+                self.node.memory_capacity,
+            ),
+        }
+    }
+
+    /// The kernel values from the effective resources `eff` after decision `d`.
+    fn report(
+        &self,
+        c: &SpecContainer,
+        kubelet: KubeletRequest,
+        kubelet_unified: BTreeMap<String, String>,
+        d: &Decision,
+        eff: &Resources,
+    ) -> ContainerReport {
         let unified = |k: &str| eff.unified.get(k).and_then(|v| v.parse::<u64>().ok());
-        let eff_shares = eff.cpu_shares.unwrap_or(shares);
-        let weight = unified("cpu.weight").unwrap_or_else(|| match cfg.cpu_weight {
+        let eff_shares = eff.cpu_shares.unwrap_or(kubelet.cpu_shares);
+        let weight = unified("cpu.weight").unwrap_or_else(|| match self.cfg.cpu_weight {
             WeightConversion::Linear => f::cpu_weight_linear(eff_shares),
             // What runc >= 1.3.2 / crun >= 1.23 write when we leave it to them.
             _ => f::cpu_weight_quadratic(eff_shares),
         });
+        let period = eff.cpu_period.unwrap_or(f::QUOTA_PERIOD);
         let cpu_max = match eff.cpu_quota {
-            Some(q) if q > 0 => format!("{q} {}", eff.cpu_period.unwrap_or(f::QUOTA_PERIOD)),
-            _ => format!("max {}", eff.cpu_period.unwrap_or(f::QUOTA_PERIOD)),
+            Some(q) if q > 0 => format!("{q} {period}"),
+            _ => format!("max {period}"),
         };
-        let (min, low) = (
-            unified("memory.min").unwrap_or(0),
-            unified("memory.low").unwrap_or(0),
-        );
-        if !*init || *sidecar {
-            pod_min = pod_min.saturating_add(min);
-            pod_low = pod_low.saturating_add(low);
-        }
-        let container_path = container_cgroup(node.driver, &pod_path, "<container-id>");
-        let owner = |set_by_us: bool, from_kubelet: bool| match (set_by_us, from_kubelet) {
-            (true, _) => Owner::NriQos,
-            (false, true) => Owner::Kubelet,
-            (false, false) => Owner::Runtime,
-        };
-        let mut set_by = std::collections::BTreeMap::new();
-        for key in ["cpu.weight", "memory.min", "memory.low", "memory.high"] {
-            set_by.insert(
-                key.to_string(),
-                owner(
-                    d.adjustment.unified.contains_key(key),
-                    kubelet_unified.contains_key(key),
-                ),
-            );
-        }
-        set_by.insert(
-            "cpu.max".into(),
-            owner(d.adjustment.cpu_quota.is_some(), false),
-        );
-        set_by.insert(
-            "memory.max".into(),
-            owner(d.adjustment.memory_limit.is_some(), false),
-        );
-        set_by.insert(
-            "oom_score_adj".into(),
-            owner(d.adjustment.oom_score_adj.is_some(), false),
-        );
+        let memory_max = eff.memory_limit.and_then(|l| u64::try_from(l).ok());
+        let memory_high = unified("memory.high");
         let memory_request_range = (d.request_source == RequestSource::OomScoreAdj)
-            .then(|| f::memory_request_range_from_oom_score_adj(oom, node.memory_capacity))
+            .then(|| {
+                f::memory_request_range_from_oom_score_adj(
+                    kubelet.oom_score_adj,
+                    self.node.memory_capacity,
+                )
+            })
             .flatten()
             .map(|r| (r.start, (r.end != u64::MAX).then_some(r.end)));
-        containers.push(ContainerReport {
-            name: name.clone(),
-            init: *init,
-            sidecar: *sidecar,
-            cgroup_path: container_path,
+        ContainerReport {
+            name: c.name.clone(),
+            init: c.init,
+            sidecar: c.sidecar,
+            cgroup_path: container_cgroup(self.node.driver, &self.pod_path, "<container-id>"),
             cpu_shares: eff_shares,
             cpu_weight: weight,
             cpu_max,
-            memory_min: min,
-            memory_low: low,
-            memory_high: bytes_or_max(unified("memory.high")),
-            memory_max: bytes_or_max(eff.memory_limit.and_then(|l| u64::try_from(l).ok())),
-            throttle_guard: class != QosClass::Guaranteed
-                && unified("memory.high").is_some_and(|h| {
-                    eff.memory_limit
-                        .and_then(|l| u64::try_from(l).ok())
-                        .is_none_or(|max| h < max)
-                }),
-            oom_score_adj: d.adjustment.oom_score_adj.unwrap_or(oom),
+            memory_min: unified("memory.min").unwrap_or(0),
+            memory_low: unified("memory.low").unwrap_or(0),
+            memory_high: bytes_or_max(memory_high),
+            memory_max: bytes_or_max(memory_max),
+            throttle_guard: self.class != QosClass::Guaranteed
+                && memory_high.is_some_and(|h| memory_max.is_none_or(|max| h < max)),
+            oom_score_adj: d.adjustment.oom_score_adj.unwrap_or(kubelet.oom_score_adj),
             memory_request: d.memory_request,
             memory_request_source: d.request_source,
-            kubelet: KubeletRequest {
-                cpu_shares: shares,
-                cpu_quota: quota.unwrap_or(0),
-                cpu_period: f::QUOTA_PERIOD,
-                memory_limit: mem_limit.unwrap_or(0),
-                oom_score_adj: oom,
-            },
+            set_by: set_by(&d.adjustment, &kubelet_unified),
+            kubelet,
             memory_request_range,
             kubelet_unified,
-            set_by,
+        }
+    }
+}
+
+/// Who sets each cgroup value: nri-qos where the adjustment does, else the
+/// kubelet where its Memory QoS sends the key, else the runtime.
+fn set_by(adj: &Adjustment, kubelet_unified: &BTreeMap<String, String>) -> BTreeMap<String, Owner> {
+    let owner = |set_by_us: bool, from_kubelet: bool| match (set_by_us, from_kubelet) {
+        (true, _) => Owner::NriQos,
+        (false, true) => Owner::Kubelet,
+        (false, false) => Owner::Runtime,
+    };
+    let mut set_by = BTreeMap::new();
+    for key in ["cpu.weight", "memory.min", "memory.low", "memory.high"] {
+        set_by.insert(
+            key.to_string(),
+            owner(
+                adj.unified.contains_key(key),
+                kubelet_unified.contains_key(key),
+            ),
+        );
+    }
+    set_by.insert("cpu.max".into(), owner(adj.cpu_quota.is_some(), false));
+    set_by.insert(
+        "memory.max".into(),
+        owner(adj.memory_limit.is_some(), false),
+    );
+    set_by.insert(
+        "oom_score_adj".into(),
+        owner(adj.oom_score_adj.is_some(), false),
+    );
+    set_by
+}
+
+/// The pod-level cgroup: the kubelet writes it itself (Σ requests, with
+/// any RuntimeClass overhead) when its Memory QoS protects the pod, and
+/// the hierarchy keeper then leaves it alone; otherwise the keeper sums
+/// the protection of the containers that run with the pod.
+fn pod_cgroup(pod_path: &str, containers: &[ContainerReport]) -> Value {
+    let running = || containers.iter().filter(|c| !c.init || c.sidecar);
+    let kubelet_sum = |key: &str| {
+        running()
+            .filter_map(|c| c.kubelet_unified.get(key))
+            .filter_map(|v| v.parse::<u64>().ok())
+            .fold(0u64, u64::saturating_add)
+    };
+    let (kubelet_min, kubelet_low) = (kubelet_sum("memory.min"), kubelet_sum("memory.low"));
+    if kubelet_min.saturating_add(kubelet_low) > 0 {
+        return json!({
+            "cgroupPath": pod_path,
+            "memoryMin": kubelet_min,
+            "memoryLow": kubelet_low,
+            "owner": Owner::Kubelet,
         });
     }
-    let sandbox_path = container_cgroup(node.driver, &pod_path, "<sandbox-id>");
-    Ok(PodReport {
-        pod: format!(
-            "{}/{}",
-            if pod.metadata.namespace.is_empty() {
-                "default"
-            } else {
-                &pod.metadata.namespace
-            },
-            pod.metadata.name
-        ),
-        qos_class: class,
-        reason: class_reason,
-        cgroup_parent,
-        containers,
-        sandbox: json!({
-            "cgroupPath": sandbox_path,
-            "cpuShares": f::MIN_SHARES,
-            "cpuWeight": 1,
-            "oomScoreAdj": f::SANDBOX_OOM_SCORE_ADJ,
-        }),
-        // The kubelet writes the pod cgroup itself (Σ requests, with any
-        // RuntimeClass overhead) when its Memory QoS protects the pod; the
-        // hierarchy keeper then leaves it alone.
-        pod_cgroup: if kubelet_pod_min + kubelet_pod_low > 0 {
-            json!({
-                "cgroupPath": pod_path,
-                "memoryMin": kubelet_pod_min,
-                "memoryLow": kubelet_pod_low,
-                "owner": Owner::Kubelet,
-            })
-        } else {
-            json!({
-                "cgroupPath": pod_path,
-                "memoryMin": pod_min,
-                "memoryLow": pod_low,
-                "owner": Owner::NriQos,
-            })
-        },
-        request_source: api_server.then(|| RequestSource::ApiServer.to_string()),
+    json!({
+        "cgroupPath": pod_path,
+        "memoryMin": running().map(|c| c.memory_min).fold(0u64, u64::saturating_add),
+        "memoryLow": running().map(|c| c.memory_low).fold(0u64, u64::saturating_add),
+        "owner": Owner::NriQos,
     })
 }
 

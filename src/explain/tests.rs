@@ -280,7 +280,7 @@ fn the_kubelet_sets_no_container_key_the_synchronize_does_not_read() {
                     (QosClass::Burstable, 0, Some(gib)),
                     (QosClass::BestEffort, 0, None),
                 ] {
-                    let may = crate::nri::plugin::kubelet_may_set(class);
+                    let may = crate::nri::view::kubelet_may_set(class);
                     for key in k.unified(class, request, limit, &NODE).keys() {
                         let i = KEYS.iter().position(|k| k == key).unwrap();
                         assert!(may[i], "{version} {mode:?} {factor:?} {class:?}: {key}");

@@ -11,8 +11,10 @@
 //! bounded by construction, and we avoid a dependency for ~100 lines of text
 //! formatting. Unknown label values are recorded as `"other"`.
 
+mod events;
 mod http;
 
+pub use events::{EVENTS, EVENT_PATHS};
 pub use http::{
     bind, check_health, serve, serve_on, MetricsError, MAX_CONNECTIONS, MAX_REQUEST_BYTES,
     REQUEST_TIMEOUT, WRITE_TIMEOUT,
@@ -88,6 +90,7 @@ pub struct Metrics {
     /// Pod, QoS and kubepods cgroups whose protection each owner writes,
     /// in [`PROTECTION_OWNERS`] order.
     protection_owners: Box<[AtomicU64]>,
+    events: events::EventCounters,
 }
 
 /// Outcomes of an Eviction through the API server (`outcome`).
@@ -137,6 +140,7 @@ impl Metrics {
             throttle_under: AtomicU64::new(0),
             kube: KubeMetrics::default(),
             protection_owners: counters(PROTECTION_OWNERS.len()),
+            events: events::EventCounters::default(),
         }
     }
 
@@ -289,6 +293,11 @@ impl Metrics {
         }
     }
 
+    /// One pod or container event and the path it came by.
+    pub fn record_event(&self, event: &str, path: &str) {
+        self.events.record(event, path);
+    }
+
     /// How many pod, QoS and kubepods cgroups the kubelet's Memory QoS and
     /// nri-qos each own (the hierarchy keeper's decisions).
     pub fn set_protection_owners(&self, kubelet: u64, nri_qos: u64) {
@@ -317,6 +326,8 @@ impl Metrics {
                 );
             }
         }
+
+        self.events.render(o);
 
         header(
             o,

@@ -97,6 +97,22 @@ pub struct PodRecord {
     pub name: Box<str>,
     /// CRI cgroup parent, e.g. `/kubepods/burstable/pod<uid>` or a systemd slice.
     pub cgroup_parent: Box<str>,
+    /// The pod's memory limit in bytes as the runtime reported it (the
+    /// CRI's pod-level resources: the pod's own limit (KEP-2837), else the
+    /// sum of its containers'), the latest pod-level resize's once one
+    /// came (UpdatePodSandbox). The pod never holds more: protection and
+    /// the request the monitor ranks by stop there ([`within_pod_limit`]).
+    pub memory_limit: Option<u64>,
+}
+
+/// `bytes` (a pod's protection, or the request its containers add up to),
+/// no more than the pod's memory limit: a pod never uses more than it,
+/// while protection above it would still count in its parents. Without
+/// pod-level resources the sum of its containers' never exceeds the limit
+/// anyway; with them, containers inheriting the pod's limit would each
+/// count it whole.
+pub fn within_pod_limit(bytes: u64, pod_limit: Option<u64>) -> u64 {
+    pod_limit.map_or(bytes, |l| bytes.min(l))
 }
 
 /// A container and what the policy decided for it.
@@ -169,8 +185,10 @@ impl Registry {
             priority: None,
             // Saturating: the runtime's numbers are not ours to trust, and
             // a wrapped sum would rank a huge pod as a tiny one.
-            memory_request: (!known.is_empty())
-                .then(|| known.iter().fold(0u64, |a, b| a.saturating_add(*b))),
+            memory_request: (!known.is_empty()).then(|| {
+                let sum = known.iter().fold(0u64, |a, b| a.saturating_add(*b));
+                within_pod_limit(sum, pod.memory_limit)
+            }),
             request_source: source,
             class: ctrs.first().map(|c| c.class),
             static_pod: false,

@@ -70,6 +70,8 @@ pub fn container_from_wire(c: &api::Container) -> ContainerFacts {
             .map(|o| o.value),
         cgroups_path: linux.map(|l| l.cgroups_path.clone()).unwrap_or_default(),
         api_memory_request: None,
+        // The message alone cannot say: `nri::view` knows the runtime.
+        unified_shown: false,
     }
 }
 

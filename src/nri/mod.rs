@@ -10,6 +10,7 @@ pub mod proto;
 pub mod reassembly;
 pub mod relax;
 pub mod session;
+pub mod view;
 
 pub use plugin::{DropInLayer, PluginSettings, QosPlugin};
 pub use session::{Identity, Transport};

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -22,24 +22,26 @@ use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
 use super::reassembly::{Complete, SyncReassembler};
 use crate::metrics::Metrics;
-use crate::node::cgroupfs::{self, read_protection, Owner, Protection, PAGE_SIZE};
+use crate::node::cgroupfs::{self, read_protection, Owner, Protection};
 use crate::node::layout::{container_cgroup_dir, pod_cgroups};
 use crate::node::lock;
 use crate::node::registry::{
     ContainerRecord, ContainerRequests, PodRecord, Registry, SharedRegistry,
 };
+use crate::node::runtime::RuntimeQuirks;
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
 mod after_start;
+#[cfg(test)]
+mod event_tests;
+mod events;
 mod handlers;
 mod record;
 mod sync;
 #[cfg(test)]
 mod tests;
 
-pub use after_start::{hidden_kubelet_key, kubelet_may_set, pods_with_hidden_kubelet_keys};
-pub use handlers::request_timeout;
-pub use record::{forgets_resizes, limits_from_kernel, own_pod_protection};
+pub use events::EventPath;
 
 fn class_label(c: QosClass) -> &'static str {
     match c {
@@ -49,8 +51,9 @@ fn class_label(c: QosClass) -> &'static str {
     }
 }
 
-/// Events we subscribe to. Kept within 0x7FF, the mask every runtime since
-/// NRI v0.6.1 accepts (newer bits make old runtimes drop the plugin).
+/// Events we subscribe to on every runtime. Kept within 0x7FF, the mask
+/// every runtime since NRI v0.6.1 accepts (newer bits make old runtimes
+/// drop the plugin).
 pub const EVENTS: i32 = event_bit(api::Event::RUN_POD_SANDBOX)
     | event_bit(api::Event::REMOVE_POD_SANDBOX)
     | event_bit(api::Event::CREATE_CONTAINER)
@@ -58,6 +61,16 @@ pub const EVENTS: i32 = event_bit(api::Event::RUN_POD_SANDBOX)
     | event_bit(api::Event::UPDATE_CONTAINER)
     | event_bit(api::Event::STOP_CONTAINER)
     | event_bit(api::Event::REMOVE_CONTAINER);
+
+/// [`EVENTS`] and, where the runtime knows it (NRI v0.10 on), the pod-level
+/// resize (UpdatePodSandbox; its Post form carries nothing more).
+pub fn event_mask(quirks: &RuntimeQuirks) -> i32 {
+    if quirks.pod_update_events {
+        EVENTS | event_bit(api::Event::UPDATE_POD_SANDBOX)
+    } else {
+        EVENTS
+    }
+}
 
 const fn event_bit(e: api::Event) -> i32 {
     1 << (e as i32 - 1)
@@ -88,13 +101,9 @@ pub struct PluginSettings {
 /// What Configure told us about the runtime.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RuntimeInfo {
-    pub name: String,
-    pub version: String,
+    pub quirks: RuntimeQuirks,
     pub request_timeout: Option<Duration>,
     pub registration_timeout: Option<Duration>,
-    /// Runtimes on NRI v0.6.x do not know the oom_score_adj adjustment and
-    /// drop it silently; they are also the ones that send no timeouts.
-    pub applies_oom_score_adj: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -127,6 +136,8 @@ pub struct QosPlugin {
     synchronized: watch::Sender<bool>,
     changed: watch::Sender<u64>,
     warned_old_runtime: AtomicBool,
+    /// The event paths ([`EventPath`]) this session has used, as bits.
+    paths_seen: AtomicU8,
     metrics: Arc<Metrics>,
     /// This node's pods from the API server, when that source runs.
     api_pods: Option<Arc<dyn ContainerRequests>>,
@@ -136,8 +147,13 @@ pub struct QosPlugin {
 
 /// Layers config text the runtime sends in Configure over the plugin's own
 /// and returns the `[policy]` and `plugin.dry-run` to use, or why the text
-/// is refused. The config layering owns it; the app wires it in.
-pub type DropInLayer = Arc<dyn Fn(&str) -> Result<(PolicyConfig, bool), String> + Send + Sync>;
+/// is refused. The config layering owns it (and its error type, a floor
+/// above); the app wires it in.
+pub type DropInLayer = Arc<
+    dyn Fn(&str) -> Result<(PolicyConfig, bool), Box<dyn std::error::Error + Send + Sync>>
+        + Send
+        + Sync,
+>;
 
 /// Waits until `flag` is true, or `limit` passed.
 async fn wait_for(flag: &watch::Sender<bool>, limit: Duration) -> bool {
@@ -167,6 +183,7 @@ impl QosPlugin {
             synchronized: watch::channel(false).0,
             changed: watch::channel(0).0,
             warned_old_runtime: AtomicBool::new(false),
+            paths_seen: AtomicU8::new(0),
             metrics: Arc::new(Metrics::new()),
             api_pods: None,
             drop_in: None,
@@ -221,6 +238,14 @@ impl QosPlugin {
         lock(&self.runtime).clone()
     }
 
+    /// The runtime's quirks; an unknown runtime's before Configure.
+    pub fn quirks(&self) -> RuntimeQuirks {
+        lock(&self.runtime)
+            .as_ref()
+            .map(|r| r.quirks.clone())
+            .unwrap_or_default()
+    }
+
     pub fn counters(&self) -> Counters {
         *lock(&self.counters)
     }
@@ -229,6 +254,7 @@ impl QosPlugin {
     /// runtime, which re-sends everything in Synchronize.
     pub fn reset_session(&self) {
         *lock(&self.runtime) = None;
+        self.paths_seen.store(0, Ordering::Relaxed);
         lock(&self.sync).start_over();
         self.configured.send_replace(false);
         self.synchronized.send_replace(false);
@@ -285,11 +311,11 @@ impl QosPlugin {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
+    /// Before Configure nothing says otherwise: the adjustment is sent.
     fn applies_oom_score_adj(&self) -> bool {
         lock(&self.runtime)
             .as_ref()
-            .map(|r| r.applies_oom_score_adj)
-            .unwrap_or(true)
+            .is_none_or(|r| r.quirks.applies_oom_score_adj)
     }
 
     fn forget_container(&self, id: &str) {
@@ -344,54 +370,4 @@ impl QosPlugin {
             Err(e) => warn!(pid, adj, error = %e, "could not write oom_score_adj"),
         }
     }
-}
-
-/// A container the runtime described as the policy sees it, and its
-/// decision: `resources` replaces the reported ones where given (CRI-O's
-/// kernel limits, see [`limits_from_kernel`]), and the API's exact request
-/// is added where the plugin has one.
-fn decide_wire(
-    pod: &qos::PodFacts,
-    c: &api::Container,
-    resources: Option<&api::LinuxResources>,
-    (node, policy): (&NodeFacts, &PolicyConfig),
-    api_pods: Option<&dyn ContainerRequests>,
-) -> (qos::ContainerFacts, qos::Decision) {
-    let mut facts = convert::container_from_wire(c);
-    if let Some(r) = resources {
-        facts.resources = convert::resources_from_wire(r);
-    }
-    facts.api_memory_request = api_pods.and_then(|a| a.container_request(&pod.uid, &c.name));
-    let decision = decide_or_leave_alone(pod, &facts, node, policy);
-    (facts, decision)
-}
-
-/// The policy, or no adjustment at all should it ever panic. It is pure and
-/// property-tested never to, but a panicking handler never answers, and the
-/// runtime turns that into a failed container creation after its timeout:
-/// a container without our values is the lesser harm.
-fn decide_or_leave_alone(
-    pod: &qos::PodFacts,
-    container: &qos::ContainerFacts,
-    node: &NodeFacts,
-    policy: &PolicyConfig,
-) -> qos::Decision {
-    let run = std::panic::AssertUnwindSafe(|| qos::decide(pod, container, node, policy));
-    std::panic::catch_unwind(run).unwrap_or_else(|_| {
-        tracing::error!(
-            pod = %format_args!("{}/{}", pod.namespace, pod.name),
-            container = %container.name,
-            "the QoS policy panicked (a bug: please report it with this line); leaving the container as the runtime made it"
-        );
-        qos::Decision {
-            // Unknown to us; Burstable neither protects it nor ranks it first.
-            class: QosClass::Burstable,
-            reason: "policy failed; no adjustment".into(),
-            memory_request: None,
-            request_source: qos::RequestSource::Unknown,
-            cpu_request_milli: 0,
-            adjustment: qos::Adjustment::default(),
-            notes: Vec::new(),
-        }
-    })
 }

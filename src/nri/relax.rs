@@ -1,8 +1,10 @@
 //! Relaxing a container's memory.high for the monitor's throttle guard
 //! through the runtime (`Runtime/UpdateContainers` on the session's conn 2),
 //! so the runtime's own record of the container agrees with the kernel.
-//! Only with `[throttle] relax-via = "runtime"`: before containerd/nri#301
-//! this call can deadlock containerd (see `node::relax::RelaxVia`).
+//! Only with `[throttle] relax-via = "runtime"`, and only on a runtime that
+//! carries containerd/nri#301 (`RuntimeQuirks::update_deadlock_fixed`):
+//! before it this call can deadlock the runtime (see
+//! `node::relax::RelaxVia`), so elsewhere the cgroup file is written.
 //!
 //! Never from inside an NRI handler (the runtime holds its lock while it
 //! waits for our reply, and our call would wait for that lock): the monitor
@@ -34,16 +36,29 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Default)]
 pub struct RuntimeLink {
     client: Mutex<Option<RuntimeClient>>,
+    /// The session's runtime carries containerd/nri#301 (said in Configure).
+    deadlock_fixed: AtomicBool,
 }
 
 /// The process's one link (one session at a time).
 pub static LINK: RuntimeLink = RuntimeLink {
     client: Mutex::new(None),
+    deadlock_fixed: AtomicBool::new(false),
 };
 
 impl RuntimeLink {
+    /// The session's client (set after RegisterPlugin, which Configure may
+    /// overtake); none when the session ended, whose runtime's quirk goes too.
     pub fn set(&self, client: Option<RuntimeClient>) {
+        if client.is_none() {
+            self.deadlock_fixed.store(false, Ordering::Relaxed);
+        }
         *lock(&self.client) = client;
+    }
+
+    /// Whether the session's runtime carries containerd/nri#301.
+    pub fn set_update_deadlock_fixed(&self, fixed: bool) {
+        self.deadlock_fixed.store(fixed, Ordering::Relaxed);
     }
 
     fn get(&self) -> Option<RuntimeClient> {
@@ -52,6 +67,11 @@ impl RuntimeLink {
 
     pub fn connected(&self) -> bool {
         lock(&self.client).is_some()
+    }
+
+    /// A session whose runtime cannot deadlock on our UpdateContainers.
+    fn safe(&self) -> bool {
+        self.connected() && self.deadlock_fixed.load(Ordering::Relaxed)
     }
 }
 
@@ -67,6 +87,12 @@ impl Relaxer for NriRelaxer {
     fn relax(&self, r: &Request) -> Result<&'static str, String> {
         if !LINK.connected() {
             return self.file.relax(r).map(|_| "cgroup-file (no NRI session)");
+        }
+        if !LINK.safe() {
+            return self
+                .file
+                .relax(r)
+                .map(|_| "cgroup-file (the runtime lacks containerd/nri#301)");
         }
         self.tx
             .try_send(r.clone())

@@ -89,6 +89,14 @@ pub enum SessionError {
     Ended(#[from] MuxError),
 }
 
+/// The timeout a request carries (`None`: the runtime sent none).
+pub fn request_timeout(ctx: &ttrpc::r#async::TtrpcContext) -> Option<Duration> {
+    u64::try_from(ctx.timeout_nano)
+        .ok()
+        .filter(|n| *n > 0)
+        .map(Duration::from_nanos)
+}
+
 /// How long after Configure an external plugin waits for Synchronize before
 /// it says the runtime may be stuck: runtimes sync right after Configure,
 /// within their request timeout (2 s by default).
@@ -133,8 +141,8 @@ async fn session(
             if !waiter.wait_synchronized(limit).await {
                 // Nothing we can do from here: the runtime's own locks.
                 error!(
-                    runtime = %runtime.name,
-                    version = %runtime.version,
+                    runtime = %runtime.quirks.name,
+                    version = %runtime.quirks.version,
                     waited_s = limit.as_secs(),
                     "the runtime configured this plugin but has not synchronized it; containerd 1.7 before 1.7.26 deadlocks when an external plugin registers during a pod or container event (containerd#10085): if pods stop starting, restart containerd (docs/operations.md)"
                 );
@@ -175,6 +183,8 @@ pub async fn serve(
     let req = api::RegisterPluginRequest {
         plugin_name: identity.name.clone(),
         plugin_idx: identity.index.clone(),
+        // The API version proto/nri/api.proto follows.
+        NRI_version: crate::node::runtime::SPOKEN.to_string(),
         ..Default::default()
     };
     let ctx = ttrpc::context::with_timeout(time::nanos_i64(DEFAULT_REGISTRATION_TIMEOUT));

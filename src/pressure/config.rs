@@ -5,8 +5,10 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use super::MonitorError;
+use crate::qos::quantity::{self, QuantityError};
 
 /// A memory threshold: absolute bytes or a percentage of capacity, like the
 /// kubelet's `memory.available<100Mi` / `<5%`. Zero disables it.
@@ -30,9 +32,20 @@ impl Quantity {
     }
 }
 
+/// A `[monitor]` size or percentage that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SizeOrPercentError {
+    #[error("invalid percentage {0:?}")]
+    Percent(String),
+    #[error("percentage {0:?} out of 0..=100")]
+    PercentRange(String),
+    #[error("invalid size {text:?}: {reason} (want e.g. 100Mi, 1G, 5%)")]
+    Size { text: String, reason: QuantityError },
+}
+
 impl TryFrom<String> for Quantity {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = SizeOrPercentError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
         s.parse()
     }
 }
@@ -44,39 +57,34 @@ impl From<Quantity> for String {
 }
 
 impl std::str::FromStr for Quantity {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = SizeOrPercentError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim();
         if let Some(p) = t.strip_suffix('%') {
             let v: f64 = p
                 .trim()
                 .parse()
-                .map_err(|_| format!("invalid percentage {s:?}"))?;
+                .map_err(|_| SizeOrPercentError::Percent(s.to_string()))?;
             if !(0.0..=100.0).contains(&v) {
-                return Err(format!("percentage {s:?} out of 0..=100"));
+                return Err(SizeOrPercentError::PercentRange(s.to_string()));
             }
             return Ok(Quantity::Percent(v));
         }
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, suffix) = t.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| format!("invalid size {s:?} (want e.g. 100Mi, 1G, 5%)"))?;
-        let mult: u64 = match suffix {
-            "" => 1,
-            "Ki" => 1 << 10,
-            "Mi" => 1 << 20,
-            "Gi" => 1 << 30,
-            "Ti" => 1 << 40,
-            "k" | "K" => 1_000,
-            "M" => 1_000_000,
-            "G" => 1_000_000_000,
-            "T" => 1_000_000_000_000,
-            _ => return Err(format!("unknown size suffix in {s:?}")),
+        // A size is a Kubernetes quantity; `K` (not one of its suffixes) is
+        // also taken for `k`, as these keys always have.
+        let kilo = t
+            .strip_suffix('K')
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit() || b == b'.'));
+        let size = match kilo {
+            Some(n) => format!("{n}k"),
+            None => t.to_string(),
         };
-        n.checked_mul(mult)
+        quantity::parse_bytes(&size)
             .map(Quantity::Bytes)
-            .ok_or_else(|| format!("size {s:?} overflows"))
+            .map_err(|reason| SizeOrPercentError::Size {
+                text: s.to_string(),
+                reason,
+            })
     }
 }
 
@@ -106,9 +114,18 @@ impl fmt::Display for Quantity {
 #[serde(try_from = "String", into = "String")]
 pub struct HumanDuration(pub Duration);
 
+/// A `[monitor]` duration that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DurationError {
+    #[error("invalid duration {0:?} (want e.g. 250ms, 2s, 5m)")]
+    Number(String),
+    #[error("unknown duration unit in {0:?}")]
+    Unit(String),
+}
+
 impl TryFrom<String> for HumanDuration {
-    type Error = String;
-    fn try_from(s: String) -> Result<Self, String> {
+    type Error = DurationError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
         s.parse()
     }
 }
@@ -120,19 +137,19 @@ impl From<HumanDuration> for String {
 }
 
 impl std::str::FromStr for HumanDuration {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = DurationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let n: u64 = num
             .parse()
-            .map_err(|_| format!("invalid duration {s:?} (want e.g. 250ms, 2s, 5m)"))?;
+            .map_err(|_| DurationError::Number(s.to_string()))?;
         let d = match unit {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
             "m" => Duration::from_secs(n.saturating_mul(60)),
-            _ => return Err(format!("unknown duration unit in {s:?}")),
+            _ => return Err(DurationError::Unit(s.to_string())),
         };
         Ok(HumanDuration(d))
     }
@@ -375,6 +392,7 @@ mod tests {
         assert!("".parse::<Quantity>().is_err());
         assert!("101%".parse::<Quantity>().is_err());
         assert!("99999999999Ti".parse::<Quantity>().is_err());
+        assert_eq!("1K".parse(), Ok(Quantity::Bytes(1000)));
         assert_eq!(Quantity::Percent(10.0).resolve(1000), 100);
         assert_eq!(Quantity::Bytes(100 << 20).to_string(), "100Mi");
     }

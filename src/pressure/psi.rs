@@ -94,32 +94,47 @@ pub struct Trigger {
     pub window_us: u64,
 }
 
+/// A PSI trigger line (`psi-triggers`) the kernel would not take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TriggerError {
+    #[error("trigger {0:?}: want \"some|full <stall_us> <window_us>\"")]
+    Shape(String),
+    #[error("trigger {0:?}: kind must be some or full")]
+    Kind(String),
+    #[error("trigger {trigger:?}: {value:?} is not a number")]
+    Number { trigger: String, value: String },
+    #[error("trigger {0:?}: window must be in 1..=10000000 us")]
+    Window(String),
+    #[error("trigger {0:?}: stall must be in 1..=window")]
+    Stall(String),
+}
+
 impl std::str::FromStr for Trigger {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = TriggerError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
         let parts: Vec<&str> = s.split_whitespace().collect();
         let [kind, stall, window] = parts[..] else {
-            return Err(format!(
-                "trigger {s:?}: want \"some|full <stall_us> <window_us>\""
-            ));
+            return Err(TriggerError::Shape(s.to_string()));
         };
         let kind = match kind {
             "some" => StallKind::Some,
             "full" => StallKind::Full,
-            _ => return Err(format!("trigger {s:?}: kind must be some or full")),
+            _ => return Err(TriggerError::Kind(s.to_string())),
         };
         let num = |v: &str| {
-            v.parse::<u64>()
-                .map_err(|_| format!("trigger {s:?}: {v:?} is not a number"))
+            v.parse::<u64>().map_err(|_| TriggerError::Number {
+                trigger: s.to_string(),
+                value: v.to_string(),
+            })
         };
         let (stall_us, window_us) = (num(stall)?, num(window)?);
         // The kernel's own limits (psi_trigger_create): 0 < window <= 10 s,
         // 0 < stall <= window.
         if window_us == 0 || window_us > 10_000_000 {
-            return Err(format!("trigger {s:?}: window must be in 1..=10000000 us"));
+            return Err(TriggerError::Window(s.to_string()));
         }
         if stall_us == 0 || stall_us > window_us {
-            return Err(format!("trigger {s:?}: stall must be in 1..=window"));
+            return Err(TriggerError::Stall(s.to_string()));
         }
         Ok(Trigger {
             kind,

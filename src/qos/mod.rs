@@ -61,6 +61,12 @@ pub struct ContainerFacts {
     /// The container's memory request as the API server has it (0 = none),
     /// when the optional Kubernetes source knows the pod (`crate::kube`).
     pub api_memory_request: Option<u64>,
+    /// `resources.unified` is the CRI's whole map: the runtime shows it
+    /// (NRI v0.10 on, `node::runtime::RuntimeQuirks::shows_unified`) and
+    /// nothing of ours is mixed in, so a key not there was not set. False
+    /// where the runtime hides the map (keys the kubelet set may be in the
+    /// kernel unseen).
+    pub unified_shown: bool,
 }
 
 /// The settings we want a container to get; `None` / absent keys leave the

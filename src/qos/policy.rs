@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use super::formulas::{self as f, MAX_SHARES, MIN_SHARES};
 use super::quantity;
@@ -85,14 +86,19 @@ impl Default for PolicyConfig {
     }
 }
 
+/// A `[policy]` value serde accepts but the policy cannot use.
+#[derive(Debug, Clone, Copy, PartialEq, Error)]
+pub enum PolicyError {
+    #[error("policy.memory-throttling-factor must be in (0, 1], not {0}")]
+    ThrottlingFactor(f64),
+}
+
 impl PolicyConfig {
     /// Checks values serde cannot; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         let f = self.memory_throttling_factor;
         if !(f.is_finite() && f > 0.0 && f <= 1.0) {
-            return Err(format!(
-                "policy.memory-throttling-factor must be in (0, 1], not {f}"
-            ));
+            return Err(PolicyError::ThrottlingFactor(f));
         }
         Ok(())
     }
@@ -200,11 +206,7 @@ pub fn memory_request(
             r => (Some(r), RequestSource::ApiServer),
         };
     }
-    let limit = container
-        .resources
-        .memory_limit
-        .and_then(|l| u64::try_from(l).ok())
-        .filter(|l| *l > 0);
+    let limit = memory_limit(&container.resources);
     match class {
         QosClass::BestEffort => (None, RequestSource::BestEffort),
         QosClass::Guaranteed => match limit {
@@ -257,20 +259,15 @@ pub fn kubelet_memory_qos_keys(r: &Resources) -> bool {
     })
 }
 
-/// Whether the runtime showed the CRI's `unified` map in `r`: then every
-/// key the kubelet sent is in it (it sends memory.oom.group on cgroup v2
-/// too), and a key not there was not set. A map with only keys nri-qos sets
-/// itself may hide one (NRI before v0.10, containerd 1.7 and 2.1, shows
-/// plugins none of the CRI's keys).
-pub fn runtime_shows_unified(r: &Resources) -> bool {
-    r.unified
-        .keys()
-        .any(|k| !matches!(k.as_str(), "cpu.weight" | "memory.high"))
-}
-
 /// Whether the kubelet protects this container's memory, and whether it may
-/// have set memory.high where we cannot see it.
-fn kubelet_protection(pod: &PodFacts, cur: &Resources, cfg: &PolicyConfig) -> (bool, bool) {
+/// have set memory.high where we cannot see it (`unified_shown`: see
+/// [`ContainerFacts::unified_shown`]).
+fn kubelet_protection(
+    pod: &PodFacts,
+    cur: &Resources,
+    unified_shown: bool,
+    cfg: &PolicyConfig,
+) -> (bool, bool) {
     let visible = kubelet_memory_qos_keys(cur);
     let protects = match cfg.kubelet_memory_qos {
         KubeletMemoryQos::None => visible,
@@ -279,7 +276,7 @@ fn kubelet_protection(pod: &PodFacts, cur: &Resources, cfg: &PolicyConfig) -> (b
     };
     // No memory.high in a map the runtime shows means none was set.
     let hidden_high = protects
-        && !runtime_shows_unified(cur)
+        && !unified_shown
         && match cfg.kubelet_memory_qos {
             KubeletMemoryQos::Alpha | KubeletMemoryQos::Auto => true,
             KubeletMemoryQos::Tiered | KubeletMemoryQos::None => false,
@@ -294,149 +291,205 @@ pub fn decide(
     node: &NodeFacts,
     cfg: &PolicyConfig,
 ) -> Decision {
-    let mut notes = Vec::new();
     let (class, reason) = classify(pod, container);
-    let mut adj = Adjustment::default();
-    let cur = &container.resources;
-
     if is_sandbox(container) {
-        if cfg.oom_score_adj && container.oom_score_adj != Some(f::SANDBOX_OOM_SCORE_ADJ) {
-            adj.oom_score_adj = Some(f::SANDBOX_OOM_SCORE_ADJ);
-        }
-        return Decision {
-            class,
-            reason: format!("{reason}; pod sandbox"),
-            memory_request: None,
-            request_source: RequestSource::Unknown,
-            cpu_request_milli: 0,
-            adjustment: adj,
-            notes,
-        };
+        return sandbox_decision(container, cfg, class, reason);
     }
-
+    let mut notes = Vec::new();
     let (request, source) = memory_request(pod, container, class, node, &mut notes);
     let page = node.page_size.max(1);
-    let request = request.map(|r| f::page_align_down(r, page));
-
-    // CPU.
-    let shares = cur.cpu_shares.unwrap_or(MIN_SHARES);
-    let clamped = shares.clamp(MIN_SHARES, MAX_SHARES);
+    let cur = &container.resources;
+    let shares = clamped_shares(cur);
+    let mut d = Decision {
+        class,
+        reason,
+        memory_request: request.map(|r| f::page_align_down(r, page)),
+        request_source: source,
+        cpu_request_milli: f::shares_to_milli_cpu(shares),
+        adjustment: Adjustment::default(),
+        notes,
+    };
     if cfg.clamp_cpu {
-        if cur.cpu_shares.is_some() && clamped != shares {
-            notes.push(format!("cpu shares {shares} clamped to {clamped}"));
-            adj.cpu_shares = Some(clamped);
-        }
-        if let Some(q) = cur.cpu_quota {
-            if q > 0 && q < f::MIN_QUOTA {
-                notes.push(format!(
-                    "cpu quota {q} raised to the {} µs minimum",
-                    f::MIN_QUOTA
-                ));
-                adj.cpu_quota = Some(f::MIN_QUOTA);
-                if cur.cpu_period.is_none() {
-                    adj.cpu_period = Some(f::QUOTA_PERIOD);
-                }
-            }
-        }
-    }
-
-    if node.cgroup_v2 {
-        let weight = match cfg.cpu_weight {
-            WeightConversion::Quadratic => Some(f::cpu_weight_quadratic(clamped)),
-            WeightConversion::Linear => Some(f::cpu_weight_linear(clamped)),
-            WeightConversion::Off => None,
-        };
-        if let Some(w) = weight {
-            set_unified(&mut adj, cur, "cpu.weight", w.to_string());
-        }
-
-        let limit = cur
-            .memory_limit
-            .and_then(|l| u64::try_from(l).ok())
-            .filter(|l| *l > 0);
-        // Cap at the limit first, then align: memory.min ≤ memory.max and whole pages.
-        let protected = request
-            .map(|r| f::page_align_down(limit.map_or(r, |l| r.min(l)), page))
-            .filter(|r| *r > 0);
-        let (kubelet_protects, kubelet_high_hidden) = kubelet_protection(pod, cur, cfg);
-        // Said once per pod cgroup where ownership is decided, not per container.
-        if let Some(r) = protected.filter(|_| !kubelet_protects) {
-            let key = match (cfg.memory_reservation, class) {
-                (Reservation::None, _) | (_, QosClass::BestEffort) => None,
-                (Reservation::Tiered, QosClass::Burstable) => Some("memory.low"),
-                _ => Some("memory.min"),
-            };
-            if let Some(k) = key {
-                set_unified(&mut adj, cur, k, r.to_string());
-            }
-        }
-
-        let opted_out = pod
-            .annotations
-            .get(MEMORY_HIGH_ANNOTATION)
-            .is_some_and(|v| v.eq_ignore_ascii_case("off") || v == "false");
-        // BestEffort's request is 0 by definition; a Burstable request we could
-        // not recover gets no memory.high, since a guess could throttle the
-        // container below what it asked for.
-        let high_base = match class {
-            QosClass::BestEffort => Some(0),
-            QosClass::Burstable => protected.or(request),
-            QosClass::Guaranteed => None,
-        };
-        if cfg.memory_high && class == QosClass::Burstable && high_base.is_none() {
-            notes.push("memory request unknown: memory.high left unset".into());
-        }
-        let opted_out = opted_out || kubelet_high_hidden;
-        if let (true, false, Some(req)) = (cfg.memory_high, opted_out, high_base) {
-            if let Some(h) = f::memory_high(
-                req,
-                limit,
-                node.memory_allocatable,
-                cfg.memory_throttling_factor,
-                page,
-            ) {
-                set_unified(&mut adj, cur, "memory.high", h.to_string());
-            }
-        }
+        clamp_cpu(cur, shares, &mut d);
     }
     // cgroup v1: no unified keys (runc rejects them). Said once at start by
     // the plugin, not per container.
-
+    if node.cgroup_v2 {
+        set_cpu_weight(cur, cfg, shares, &mut d.adjustment);
+        set_memory(pod, container, node, cfg, &mut d);
+    }
     if cfg.oom_score_adj {
-        let given = container.oom_score_adj;
-        let want = match class {
-            QosClass::Guaranteed => Some(given.map_or(f::GUARANTEED_OOM_SCORE_ADJ, |g| {
-                // Lower values (system daemons, node-critical pods) stay.
-                g.min(f::GUARANTEED_OOM_SCORE_ADJ)
-            })),
-            QosClass::BestEffort => Some(f::BESTEFFORT_OOM_SCORE_ADJ),
-            // The kubelet's value already accounts for sidecars, pod-level
-            // requests and critical pods, which we cannot see: keep it when
-            // it is a Burstable value; compute one only when it is not.
-            QosClass::Burstable => match given {
-                Some(g) if (3..=999).contains(&g) || g == f::GUARANTEED_OOM_SCORE_ADJ => None,
-                _ => Some(f::burstable_oom_score_adj(
-                    request.unwrap_or(0),
-                    node.memory_capacity,
-                )),
-            },
-        };
-        if let Some(w) = want.map(|w| w.clamp(-1000, 1000)) {
-            if given != Some(w) {
-                adj.oom_score_adj = Some(w);
-            }
+        d.adjustment.oom_score_adj = oom_score_adj(container, node, d.class, d.memory_request);
+    }
+    d
+}
+
+/// The pod sandbox (pause) container gets only its oom_score_adj.
+fn sandbox_decision(
+    container: &ContainerFacts,
+    cfg: &PolicyConfig,
+    class: QosClass,
+    reason: String,
+) -> Decision {
+    let mut adj = Adjustment::default();
+    if cfg.oom_score_adj && container.oom_score_adj != Some(f::SANDBOX_OOM_SCORE_ADJ) {
+        adj.oom_score_adj = Some(f::SANDBOX_OOM_SCORE_ADJ);
+    }
+    Decision {
+        class,
+        reason: format!("{reason}; pod sandbox"),
+        memory_request: None,
+        request_source: RequestSource::Unknown,
+        cpu_request_milli: 0,
+        adjustment: adj,
+        notes: Vec::new(),
+    }
+}
+
+/// The CPU shares as the kernel takes them (the minimum when unset).
+fn clamped_shares(cur: &Resources) -> u64 {
+    cur.cpu_shares
+        .unwrap_or(MIN_SHARES)
+        .clamp(MIN_SHARES, MAX_SHARES)
+}
+
+/// Brings shares and quota into the range the kernel accepts.
+fn clamp_cpu(cur: &Resources, clamped: u64, d: &mut Decision) {
+    if let Some(shares) = cur.cpu_shares.filter(|s| *s != clamped) {
+        d.notes
+            .push(format!("cpu shares {shares} clamped to {clamped}"));
+        d.adjustment.cpu_shares = Some(clamped);
+    }
+    if let Some(q) = cur.cpu_quota.filter(|q| *q > 0 && *q < f::MIN_QUOTA) {
+        d.notes.push(format!(
+            "cpu quota {q} raised to the {} µs minimum",
+            f::MIN_QUOTA
+        ));
+        d.adjustment.cpu_quota = Some(f::MIN_QUOTA);
+        if cur.cpu_period.is_none() {
+            d.adjustment.cpu_period = Some(f::QUOTA_PERIOD);
+        }
+    }
+}
+
+/// cpu.weight from the shares, by the configured conversion.
+fn set_cpu_weight(cur: &Resources, cfg: &PolicyConfig, shares: u64, adj: &mut Adjustment) {
+    let weight = match cfg.cpu_weight {
+        WeightConversion::Quadratic => Some(f::cpu_weight_quadratic(shares)),
+        WeightConversion::Linear => Some(f::cpu_weight_linear(shares)),
+        WeightConversion::Off => None,
+    };
+    if let Some(w) = weight {
+        set_unified(adj, cur, "cpu.weight", w.to_string());
+    }
+}
+
+/// The memory limit in bytes, when one is set.
+fn memory_limit(r: &Resources) -> Option<u64> {
+    r.memory_limit
+        .and_then(|l| u64::try_from(l).ok())
+        .filter(|l| *l > 0)
+}
+
+/// memory.min or memory.low from the request (unless the kubelet protects
+/// the container itself), and memory.high (KEP-2570).
+fn set_memory(
+    pod: &PodFacts,
+    container: &ContainerFacts,
+    node: &NodeFacts,
+    cfg: &PolicyConfig,
+    d: &mut Decision,
+) {
+    let cur = &container.resources;
+    let page = node.page_size.max(1);
+    let limit = memory_limit(cur);
+    // Cap at the limit first, then align: memory.min ≤ memory.max and whole pages.
+    let protected = d
+        .memory_request
+        .map(|r| f::page_align_down(limit.map_or(r, |l| r.min(l)), page))
+        .filter(|r| *r > 0);
+    let (kubelet_protects, kubelet_high_hidden) =
+        kubelet_protection(pod, cur, container.unified_shown, cfg);
+    // Said once per pod cgroup where ownership is decided, not per container.
+    if let Some(r) = protected.filter(|_| !kubelet_protects) {
+        if let Some(k) = protection_key(cfg.memory_reservation, d.class) {
+            set_unified(&mut d.adjustment, cur, k, r.to_string());
         }
     }
 
-    Decision {
-        class,
-        reason,
-        memory_request: request,
-        request_source: source,
-        cpu_request_milli: f::shares_to_milli_cpu(clamped),
-        adjustment: adj,
-        notes,
+    let high_base = memory_high_base(d.class, protected, d.memory_request);
+    if cfg.memory_high && d.class == QosClass::Burstable && high_base.is_none() {
+        d.notes
+            .push("memory request unknown: memory.high left unset".into());
     }
+    let opted_out = opted_out_of_memory_high(pod) || kubelet_high_hidden;
+    if let (true, false, Some(req)) = (cfg.memory_high, opted_out, high_base) {
+        if let Some(h) = f::memory_high(
+            req,
+            limit,
+            node.memory_allocatable,
+            cfg.memory_throttling_factor,
+            page,
+        ) {
+            set_unified(&mut d.adjustment, cur, "memory.high", h.to_string());
+        }
+    }
+}
+
+/// The unified key a class's protected request goes into.
+fn protection_key(reservation: Reservation, class: QosClass) -> Option<&'static str> {
+    match (reservation, class) {
+        (Reservation::None, _) | (_, QosClass::BestEffort) => None,
+        (Reservation::Tiered, QosClass::Burstable) => Some("memory.low"),
+        _ => Some("memory.min"),
+    }
+}
+
+/// The request memory.high is computed from. BestEffort's request is 0 by
+/// definition; a Burstable request we could not recover gets no memory.high,
+/// since a guess could throttle the container below what it asked for.
+fn memory_high_base(class: QosClass, protected: Option<u64>, request: Option<u64>) -> Option<u64> {
+    match class {
+        QosClass::BestEffort => Some(0),
+        QosClass::Burstable => protected.or(request),
+        QosClass::Guaranteed => None,
+    }
+}
+
+/// The pod's `memory-high.qos.nri-qos.io: "off"` (or `"false"`) annotation.
+fn opted_out_of_memory_high(pod: &PodFacts) -> bool {
+    pod.annotations
+        .get(MEMORY_HIGH_ANNOTATION)
+        .is_some_and(|v| v.eq_ignore_ascii_case("off") || v == "false")
+}
+
+/// The oom_score_adj to set, when it differs from what the runtime was asked for.
+fn oom_score_adj(
+    container: &ContainerFacts,
+    node: &NodeFacts,
+    class: QosClass,
+    request: Option<u64>,
+) -> Option<i64> {
+    let given = container.oom_score_adj;
+    let want = match class {
+        QosClass::Guaranteed => Some(given.map_or(f::GUARANTEED_OOM_SCORE_ADJ, |g| {
+            // Lower values (system daemons, node-critical pods) stay.
+            g.min(f::GUARANTEED_OOM_SCORE_ADJ)
+        })),
+        QosClass::BestEffort => Some(f::BESTEFFORT_OOM_SCORE_ADJ),
+        // The kubelet's value already accounts for sidecars, pod-level
+        // requests and critical pods, which we cannot see: keep it when
+        // it is a Burstable value; compute one only when it is not.
+        QosClass::Burstable => match given {
+            Some(g) if (3..=999).contains(&g) || g == f::GUARANTEED_OOM_SCORE_ADJ => None,
+            _ => Some(f::burstable_oom_score_adj(
+                request.unwrap_or(0),
+                node.memory_capacity,
+            )),
+        },
+    };
+    want.map(|w| w.clamp(-1000, 1000))
+        .filter(|w| given != Some(*w))
 }
 
 /// One unified key of [`effective`] (ours over the runtime's), without
@@ -613,7 +666,7 @@ mod tests {
             Vector { weight: Some(303), low: Some(16 * GI), high: Some(32_641_748_992), oom: Some(3), ..v("§2 GetContainerOOMScoreAdjust: 1000 − 1000·16Gi/16Gi = 0 → floor 3", pod(B, &ann(REQ, "16Gi")), ctr(4096, 800_000, 32 * GI, 0), Burstable) },
             Vector { weight: Some(17), low: Some(MI), high: Some(60_502_016), oom: Some(999), ..v("§2 GetContainerOOMScoreAdjust: 1000 − ⌊1000·1Mi/16Gi⌋ = 1000 → 999", pod(B, &ann(REQ, "1Mi")), ctr(102, 20_000, 64 * MI, 0), Burstable) },
             Vector { weight: Some(17), low: Some(128 * MI), high: Some(335_544_320), cfg: PolicyConfig { memory_throttling_factor: 0.5, ..Default::default() }, ..v("§4 KEP-2570 memory.high with memoryThrottlingFactor 0.5: 128Mi + 0.5·384Mi", pod(B, &ann(REQ, "128Mi")), ctr(102, 50_000, 512 * MI, 993), Burstable) },
-            Vector { weight: Some(35), high: Some(510_025_728), ..v("§5 route 1: request from the kubelet's MemoryQoS unified memory.min (kept; the kubelet owns protection, so no memory.low of ours)", pod(B, &[]), ContainerFacts { resources: Resources { unified: BTreeMap::from([("memory.min".into(), (256 * MI).to_string())]), ..ctr(256, 50_000, 512 * MI, 985).resources }, ..ctr(256, 50_000, 512 * MI, 985) }, Burstable) },
+            Vector { weight: Some(35), high: Some(510_025_728), ..v("§5 route 1: request from the kubelet's MemoryQoS unified memory.min (kept; the kubelet owns protection, so no memory.low of ours)", pod(B, &[]), ContainerFacts { resources: Resources { unified: BTreeMap::from([("memory.min".into(), (256 * MI).to_string())]), ..ctr(256, 50_000, 512 * MI, 985).resources }, unified_shown: true, ..ctr(256, 50_000, 512 * MI, 985) }, Burstable) },
             Vector { weight: Some(35), low: Some(512 * MI), ..v("§4 protection never above memory.max: a 1Gi request annotation on a 512Mi limit is capped, request == limit sets no memory.high", pod(B, &ann(REQ, "1Gi")), ctr(256, 50_000, 512 * MI, 985), Burstable) },
             Vector { oom: Some(-998), ..v("§8 row 14 pod sandbox (pause): -998, no cgroup values", pod(B, &[]), ContainerFacts { annotations: BTreeMap::from([(CONTAINER_TYPE_ANNOTATION.into(), "sandbox".into())]), ..ctr(2, 0, 0, 0) }, Burstable) },
         ]
@@ -773,6 +826,8 @@ mod tests {
                 let limit = base.resources.memory_limit.map(|l| l as u64);
                 let mut c = base.clone();
                 c.resources.unified = kubelet_unified(k, *class, *req, limit);
+                // A runtime that shows them (NRI v0.10 on).
+                c.unified_shown = true;
                 let sent = c.resources.unified.clone();
                 let d = decide(&pod(parent, &[]), &c, &NODE, &Default::default());
                 let ctx = format!("{k:?} {class:?} {d:?}");

@@ -114,7 +114,12 @@ impl Drop for PluginProcess {
 /// What the fake runtime saw on its Runtime service.
 #[derive(Debug)]
 pub enum RuntimeEvent {
-    Registered { name: String, index: String },
+    Registered {
+        name: String,
+        index: String,
+        /// The NRI version the plugin said it speaks.
+        nri_version: String,
+    },
     UpdateContainers(api::UpdateContainersRequest),
 }
 
@@ -142,6 +147,7 @@ impl api_ttrpc::Runtime for FakeRuntime {
         let _ = self.events.send(RuntimeEvent::Registered {
             name: req.plugin_name,
             index: req.plugin_idx,
+            nri_version: req.NRI_version,
         });
         Ok(api::Empty::new())
     }
@@ -306,8 +312,18 @@ pub fn ctx() -> ttrpc::context::Context {
 
 impl PeerSession {
     pub async fn expect_registered(&mut self) -> (String, String) {
+        let (name, index, _) = self.expect_registered_nri().await;
+        (name, index)
+    }
+
+    /// RegisterPlugin's name, index and NRI version.
+    pub async fn expect_registered_nri(&mut self) -> (String, String, String) {
         match tokio::time::timeout(TIMEOUT, self.events.recv()).await {
-            Ok(Some(RuntimeEvent::Registered { name, index })) => (name, index),
+            Ok(Some(RuntimeEvent::Registered {
+                name,
+                index,
+                nri_version,
+            })) => (name, index, nri_version),
             other => panic!("expected RegisterPlugin, got {other:?}"),
         }
     }

@@ -1,24 +1,10 @@
 //! The ttrpc Plugin service: each runtime request handed to the plugin.
+//! Every RPC is answered, none with UNIMPLEMENTED: one such answer makes a
+//! v0.12 runtime send every event through StateChange from then on.
 
-use super::record::pod_record;
+use super::events::EventPath;
 use super::*;
-
-fn unimplemented<T>(method: &str) -> ttrpc::Result<T> {
-    // UNIMPLEMENTED (not codegen's NOT_FOUND) makes NRI v0.12 runtimes fall
-    // back to StateChange, the path every runtime version has.
-    Err(ttrpc::Error::RpcStatus(ttrpc::get_status(
-        ttrpc::Code::UNIMPLEMENTED,
-        format!("nri-qos handles {method} through StateChange"),
-    )))
-}
-
-/// The timeout a request carries (`None`: the runtime sent none).
-pub fn request_timeout(ctx: &TtrpcContext) -> Option<Duration> {
-    u64::try_from(ctx.timeout_nano)
-        .ok()
-        .filter(|n| *n > 0)
-        .map(Duration::from_nanos)
-}
+use crate::nri::view;
 
 fn ms(v: i64) -> Option<Duration> {
     u64::try_from(v)
@@ -34,27 +20,39 @@ impl Plugin for QosPlugin {
         _ctx: &TtrpcContext,
         req: api::ConfigureRequest,
     ) -> ttrpc::Result<api::ConfigureResponse> {
+        let timeouts = req.request_timeout > 0 || req.registration_timeout > 0;
+        let quirks = RuntimeQuirks::decide(
+            &req.runtime_name,
+            &req.runtime_version,
+            &req.NRI_version,
+            timeouts,
+        );
+        let events = event_mask(&quirks);
         let info = RuntimeInfo {
-            name: req.runtime_name.clone(),
-            version: req.runtime_version.clone(),
             request_timeout: ms(req.request_timeout),
             registration_timeout: ms(req.registration_timeout),
-            // Timeouts and the oom_score_adj adjustment both arrived in NRI v0.7.0.
-            applies_oom_score_adj: req.request_timeout > 0 || req.registration_timeout > 0,
+            quirks,
         };
+        let q = &info.quirks;
         info!(
-            runtime = %info.name,
-            version = %info.version,
+            runtime = %q.name,
+            version = %q.version,
+            nri_version = %q.nri_label(),
+            nri_version_from = q.nri_source.label(),
             request_timeout_ms = crate::node::time::millis(info.request_timeout.unwrap_or(DEFAULT_REQUEST_TIMEOUT)),
-            oom_score_adj_supported = info.applies_oom_score_adj,
+            oom_score_adj_supported = q.applies_oom_score_adj,
+            shows_unified = q.shows_unified,
+            per_event_rpcs = q.dedicated_event_rpcs,
+            events = %format_args!("{events:#x}"),
             config_bytes = req.config.len(),
             "configured by the runtime"
         );
+        super::super::relax::LINK.set_update_deadlock_fixed(q.update_deadlock_fixed);
         *lock(&self.runtime) = Some(info);
         self.apply_runtime_config(&req.config);
         self.configured.send_replace(true);
         Ok(api::ConfigureResponse {
-            events: EVENTS,
+            events,
             ..Default::default()
         })
     }
@@ -64,7 +62,7 @@ impl Plugin for QosPlugin {
         ctx: &TtrpcContext,
         req: api::SynchronizeRequest,
     ) -> ttrpc::Result<api::SynchronizeResponse> {
-        let timeout = request_timeout(ctx);
+        let timeout = crate::nri::session::request_timeout(ctx);
         let whole = lock(&self.sync).push(req, timeout, Instant::now());
         let Some(whole) = whole else {
             // Every chunk but the last must be answered with more=true and no
@@ -93,7 +91,8 @@ impl Plugin for QosPlugin {
         req: api::CreateContainerRequest,
     ) -> ttrpc::Result<api::CreateContainerResponse> {
         let started = Instant::now();
-        let decision = self.decide_and_record(&req.pod, &req.container, None);
+        self.note_event(api::Event::CREATE_CONTAINER, EventPath::Dedicated);
+        let decision = self.decide_and_record(&req.pod, &req.container, view::Source::Reported);
         let mut resp = api::CreateContainerResponse::new();
         let dry_run = self.dry_run();
         let mut counters = lock(&self.counters);
@@ -109,7 +108,7 @@ impl Plugin for QosPlugin {
             counters.adjusted += 1;
             self.record(decision.class, "applied", started);
         }
-        resp.adjust = protobuf::MessageField::some(convert::adjustment_to_wire(
+        resp.adjust = protobuf::MessageField::some(view::create_adjustment(
             decision.adjustment,
             self.applies_oom_score_adj(),
         ));
@@ -121,8 +120,12 @@ impl Plugin for QosPlugin {
         _ctx: &TtrpcContext,
         req: api::UpdateContainerRequest,
     ) -> ttrpc::Result<api::UpdateContainerResponse> {
-        let decision =
-            self.decide_and_record(&req.pod, &req.container, req.linux_resources.as_ref());
+        self.note_event(api::Event::UPDATE_CONTAINER, EventPath::Dedicated);
+        let source = match req.linux_resources.as_ref() {
+            Some(r) => view::Source::CriRequest(r),
+            None => view::Source::Reported,
+        };
+        let decision = self.decide_and_record(&req.pod, &req.container, source);
         let mut resp = api::UpdateContainerResponse::new();
         if self.dry_run() {
             return Ok(resp);
@@ -155,6 +158,7 @@ impl Plugin for QosPlugin {
         // A stopped container holds no memory: its protection leaves the
         // pod and QoS cgroups (the keeper lowers them on the change). The
         // runtime reports exits of killed containers here too.
+        self.note_event(api::Event::STOP_CONTAINER, EventPath::Dedicated);
         debug!(container = %req.container.id, "container stopped; forgetting its protection");
         self.forget_container(&req.container.id);
         Ok(api::StopContainerResponse::new())
@@ -165,87 +169,131 @@ impl Plugin for QosPlugin {
         _ctx: &TtrpcContext,
         req: api::StateChangeEvent,
     ) -> ttrpc::Result<api::Empty> {
-        match req.event.enum_value() {
-            Ok(api::Event::POST_START_CONTAINER) => {
-                self.oom_fallback(&req.container);
-                self.learn_owner_after_start(&req.container);
-            }
-            Ok(api::Event::REMOVE_CONTAINER) => self.forget_container(&req.container.id),
-            Ok(api::Event::REMOVE_POD_SANDBOX) => self.forget_pod(&req.pod.id),
-            Ok(api::Event::RUN_POD_SANDBOX) => {
-                let facts = convert::pod_from_wire(&req.pod);
-                self.kubelet_owns_pod(&req.pod.id, &facts, &self.live().policy);
-                lock(&self.registry)
-                    .pods
-                    .insert(req.pod.id.clone(), pod_record(&req.pod.id, &facts));
-                self.notify_changed();
-            }
-            other => debug!(event = ?other, "state change ignored"),
-        }
+        let event = req.event.enum_value().unwrap_or(api::Event::UNKNOWN);
+        self.on_event(event, &req.pod, &req.container, EventPath::StateChange);
         Ok(api::Empty::new())
+    }
+
+    async fn update_pod_sandbox(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::UpdatePodSandboxRequest,
+    ) -> ttrpc::Result<api::UpdatePodSandboxResponse> {
+        let started = Instant::now();
+        self.note_event(api::Event::UPDATE_POD_SANDBOX, EventPath::Dedicated);
+        self.pod_resized(&req.pod, req.linux_resources.as_ref());
+        self.metrics.observe_hook(started.elapsed());
+        Ok(api::UpdatePodSandboxResponse::new())
+    }
+
+    /// Never subscribed to; should a runtime ask, nothing is rejected.
+    async fn validate_container_adjustment(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::ValidateContainerAdjustmentRequest,
+    ) -> ttrpc::Result<api::ValidateContainerAdjustmentResponse> {
+        Ok(api::ValidateContainerAdjustmentResponse::new())
     }
 
     async fn run_pod_sandbox(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::RunPodSandboxRequest,
+        req: api::RunPodSandboxRequest,
     ) -> ttrpc::Result<api::RunPodSandboxResponse> {
-        unimplemented("RunPodSandbox")
+        let none = api::Container::default();
+        self.on_event(
+            api::Event::RUN_POD_SANDBOX,
+            &req.pod,
+            &none,
+            EventPath::Dedicated,
+        );
+        Ok(api::RunPodSandboxResponse::new())
     }
+
     async fn post_update_pod_sandbox(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::PostUpdatePodSandboxRequest,
+        req: api::PostUpdatePodSandboxRequest,
     ) -> ttrpc::Result<api::PostUpdatePodSandboxResponse> {
-        unimplemented("PostUpdatePodSandbox")
+        let none = api::Container::default();
+        let event = api::Event::POST_UPDATE_POD_SANDBOX;
+        self.on_event(event, &req.pod, &none, EventPath::Dedicated);
+        Ok(api::PostUpdatePodSandboxResponse::new())
     }
+
     async fn stop_pod_sandbox(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::StopPodSandboxRequest,
+        req: api::StopPodSandboxRequest,
     ) -> ttrpc::Result<api::StopPodSandboxResponse> {
-        unimplemented("StopPodSandbox")
+        let none = api::Container::default();
+        self.on_event(
+            api::Event::STOP_POD_SANDBOX,
+            &req.pod,
+            &none,
+            EventPath::Dedicated,
+        );
+        Ok(api::StopPodSandboxResponse::new())
     }
+
     async fn remove_pod_sandbox(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::RemovePodSandboxRequest,
+        req: api::RemovePodSandboxRequest,
     ) -> ttrpc::Result<api::RemovePodSandboxResponse> {
-        unimplemented("RemovePodSandbox")
+        let none = api::Container::default();
+        let event = api::Event::REMOVE_POD_SANDBOX;
+        self.on_event(event, &req.pod, &none, EventPath::Dedicated);
+        Ok(api::RemovePodSandboxResponse::new())
     }
+
     async fn post_create_container(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::PostCreateContainerRequest,
+        req: api::PostCreateContainerRequest,
     ) -> ttrpc::Result<api::PostCreateContainerResponse> {
-        unimplemented("PostCreateContainer")
+        let event = api::Event::POST_CREATE_CONTAINER;
+        self.on_event(event, &req.pod, &req.container, EventPath::Dedicated);
+        Ok(api::PostCreateContainerResponse::new())
     }
+
     async fn start_container(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::StartContainerRequest,
+        req: api::StartContainerRequest,
     ) -> ttrpc::Result<api::StartContainerResponse> {
-        unimplemented("StartContainer")
+        let event = api::Event::START_CONTAINER;
+        self.on_event(event, &req.pod, &req.container, EventPath::Dedicated);
+        Ok(api::StartContainerResponse::new())
     }
+
     async fn post_start_container(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::PostStartContainerRequest,
+        req: api::PostStartContainerRequest,
     ) -> ttrpc::Result<api::PostStartContainerResponse> {
-        unimplemented("PostStartContainer")
+        let event = api::Event::POST_START_CONTAINER;
+        self.on_event(event, &req.pod, &req.container, EventPath::Dedicated);
+        Ok(api::PostStartContainerResponse::new())
     }
+
     async fn post_update_container(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::PostUpdateContainerRequest,
+        req: api::PostUpdateContainerRequest,
     ) -> ttrpc::Result<api::PostUpdateContainerResponse> {
-        unimplemented("PostUpdateContainer")
+        let event = api::Event::POST_UPDATE_CONTAINER;
+        self.on_event(event, &req.pod, &req.container, EventPath::Dedicated);
+        Ok(api::PostUpdateContainerResponse::new())
     }
+
     async fn remove_container(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::RemoveContainerRequest,
+        req: api::RemoveContainerRequest,
     ) -> ttrpc::Result<api::RemoveContainerResponse> {
-        unimplemented("RemoveContainer")
+        let event = api::Event::REMOVE_CONTAINER;
+        self.on_event(event, &req.pod, &req.container, EventPath::Dedicated);
+        Ok(api::RemoveContainerResponse::new())
     }
 }

@@ -2,6 +2,7 @@
 //! pod cgroup's protection (the kubelet or us); Synchronize is `sync.rs`.
 
 use super::*;
+use crate::nri::view;
 
 impl QosPlugin {
     /// Runs the policy for one container and records the result.
@@ -9,26 +10,32 @@ impl QosPlugin {
         &self,
         pod: &api::PodSandbox,
         container: &api::Container,
-        resources_override: Option<&api::LinuxResources>,
+        source: view::Source<'_>,
     ) -> qos::Decision {
         let mut pod_facts = convert::pod_from_wire(pod);
         let started = Instant::now();
         let policy = self.live().policy;
         pod_facts.kubelet_memory_qos = self.kubelet_owns_pod(&pod.id, &pod_facts, &policy);
-        let (facts, decision) = decide_wire(
+        let (facts, decision) = view::decide(
             &pod_facts,
             container,
-            resources_override,
+            source,
+            &self.quirks(),
             (&self.settings.node, &policy),
             self.api_pods.as_deref(),
         );
         let record = container_record(pod, &pod_facts, container, facts, &decision, started);
-        let pod_record = pod_record_from(&pod.id, pod_facts);
+        let mut pod_record = pod_record_from(&pod.id, pod_facts);
         let mut reg = lock(&self.registry);
         // Most creates are of a pod already known: replace its record in
-        // place rather than allocate its key again.
+        // place rather than allocate its key again. Its memory limit stays
+        // the one known: a pod-level resize arrives only as UpdatePodSandbox,
+        // and later reports of the pod still carry its first resources.
         match reg.pods.get_mut(&pod.id) {
-            Some(known) => *known = pod_record,
+            Some(known) => {
+                pod_record.memory_limit = known.memory_limit;
+                *known = pod_record;
+            }
             None => {
                 reg.pods.insert(pod.id.clone(), pod_record);
             }
@@ -81,7 +88,7 @@ impl QosPlugin {
     }
 
     pub(super) fn resources_from_kernel(&self, c: &api::Container) -> Option<api::LinuxResources> {
-        limits_from_kernel(&self.settings.cgroup_root, c)
+        view::limits_from_kernel(&self.settings.cgroup_root, c)
     }
 }
 
@@ -93,6 +100,7 @@ pub(super) fn pod_record(id: &str, facts: &qos::PodFacts) -> PodRecord {
         namespace: facts.namespace.as_str().into(),
         name: facts.name.as_str().into(),
         cgroup_parent: facts.cgroup_parent.as_str().into(),
+        memory_limit: view::pod_memory_limit(facts),
     }
 }
 
@@ -100,68 +108,11 @@ pub(super) fn pod_record(id: &str, facts: &qos::PodFacts) -> PodRecord {
 fn pod_record_from(id: &str, facts: qos::PodFacts) -> PodRecord {
     PodRecord {
         id: id.into(),
+        memory_limit: view::pod_memory_limit(&facts),
         uid: facts.uid.into(),
         namespace: facts.namespace.into(),
         name: facts.name.into(),
         cgroup_parent: facts.cgroup_parent.into(),
-    }
-}
-
-/// Per pod id, the protection nri-qos itself would give the pod cgroup: the
-/// sum of its containers' memory.min/low under our policy, in whole pages,
-/// with the exact requests of `api_pods` where the plugin has them.
-pub fn own_pod_protection(
-    containers: &[api::Container],
-    pods: &HashMap<&str, &api::PodSandbox>,
-    node: &NodeFacts,
-    policy: &PolicyConfig,
-    api_pods: Option<&dyn ContainerRequests>,
-) -> HashMap<String, Protection> {
-    let mut sums: HashMap<String, Protection> = HashMap::new();
-    for c in containers {
-        let Some(pod) = pods.get(c.pod_sandbox_id.as_str()) else {
-            continue;
-        };
-        let pod = convert::pod_from_wire(pod);
-        let (facts, d) = decide_wire(&pod, c, None, (node, policy), api_pods);
-        let sum = sums.entry(c.pod_sandbox_id.clone()).or_default();
-        *sum = add_protection(*sum, own_protection(&facts, &d));
-    }
-    for sum in sums.values_mut() {
-        *sum = whole_pages(*sum);
-    }
-    sums
-}
-
-/// The memory.min/low `decision` gives the container, in bytes.
-pub(super) fn own_protection(facts: &qos::ContainerFacts, decision: &qos::Decision) -> Protection {
-    let bytes = |k| effective_bytes(&facts.resources, &decision.adjustment, k);
-    Protection {
-        min: bytes("memory.min"),
-        low: bytes("memory.low"),
-    }
-}
-
-/// A unified key's bytes as the kernel ends up with it; 0 where unset or
-/// not a number.
-fn effective_bytes(resources: &qos::Resources, adj: &qos::Adjustment, key: &str) -> u64 {
-    qos::policy::effective_unified(resources, adj, key)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-}
-
-pub(super) fn add_protection(a: Protection, b: Protection) -> Protection {
-    Protection {
-        min: a.min.saturating_add(b.min),
-        low: a.low.saturating_add(b.low),
-    }
-}
-
-/// A pod cgroup's sum as the kernel would keep it.
-pub(super) fn whole_pages(p: Protection) -> Protection {
-    Protection {
-        min: p.min - p.min % PAGE_SIZE,
-        low: p.low - p.low % PAGE_SIZE,
     }
 }
 
@@ -190,7 +141,7 @@ pub(super) fn container_record(
     for note in &decision.notes {
         info!(container = %facts.name, pod = %pod_facts.name, "{note}");
     }
-    let bytes = |key| effective_bytes(&facts.resources, &decision.adjustment, key);
+    let bytes = |key| view::effective_bytes(&facts.resources, &decision.adjustment, key);
     ContainerRecord {
         id: container.id.as_str().into(),
         pod_id: if container.pod_sandbox_id.is_empty() {
@@ -210,71 +161,4 @@ pub(super) fn container_record(
         oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),
         cgroups_path: facts.cgroups_path.into(),
     }
-}
-
-/// The container's limits as the kernel holds them, where they differ
-/// from what the runtime reports. CRI-O, restarted after an in-place
-/// resize, describes the container in Synchronize with the resources it
-/// was created with; its memory.max and cpu.max hold what the kubelet
-/// last applied (nri-qos never changes either), and a memory.high
-/// derived from the stale limit would throttle the resized container.
-/// Synchronize and `nri-qos audit` both decide from these.
-/// Whether the runtime, restarted after an in-place resize, reports the
-/// container's creation-time resources in Synchronize (only CRI-O does;
-/// containerd keeps its report current).
-pub fn forgets_resizes(runtime_name: &str) -> bool {
-    runtime_name == "cri-o"
-}
-
-pub fn limits_from_kernel(
-    cgroup_root: &std::path::Path,
-    c: &api::Container,
-) -> Option<api::LinuxResources> {
-    let linux = c.linux.as_ref()?;
-    let reported = linux.resources.as_ref()?;
-    let dir = cgroup_root.join(container_cgroup_dir(&linux.cgroups_path)?);
-    let mut fixed = reported.clone();
-    let mut changed = false;
-    let reported_limit = reported.memory.limit.as_ref().map(|v| v.value);
-    let kernel_limit = cgroupfs::read_trimmed(&dir.join("memory.max"))
-        .and_then(|v| v.parse::<i64>().ok())
-        .filter(|v| *v > 0);
-    if let (Some(was), Some(now)) = (reported_limit.filter(|v| *v > 0), kernel_limit) {
-        // The kernel keeps whole pages: compare what it would have kept.
-        let page = i64::try_from(PAGE_SIZE).unwrap_or(4096);
-        if was / page * page != now {
-            fixed
-                .memory
-                .mut_or_insert_default()
-                .limit
-                .mut_or_insert_default()
-                .value = now;
-            changed = true;
-        }
-    }
-    let reported_quota = reported.cpu.quota.as_ref().map(|v| v.value);
-    let reported_period = reported.cpu.period.as_ref().map(|v| v.value);
-    let kernel_cpu = cgroupfs::read_trimmed(&dir.join("cpu.max")).and_then(|v| {
-        let (quota, period) = v.split_once(' ')?;
-        Some((quota.parse::<i64>().ok()?, period.parse::<u64>().ok()?))
-    });
-    if let (Some(was), Some((quota, period))) = (reported_quota.filter(|v| *v > 0), kernel_cpu) {
-        if (was, reported_period) != (quota, Some(period)) {
-            let cpu = fixed.cpu.mut_or_insert_default();
-            cpu.quota.mut_or_insert_default().value = quota;
-            cpu.period.mut_or_insert_default().value = period;
-            changed = true;
-        }
-    }
-    if changed {
-        info!(
-            container = %c.id,
-            reported_memory_limit = ?reported_limit,
-            kernel_memory_limit = ?kernel_limit,
-            reported_cpu_quota = ?reported_quota,
-            kernel_cpu = ?kernel_cpu,
-            "the runtime reported limits the kernel no longer holds (a resize before the runtime restarted); deciding from the kernel's"
-        );
-    }
-    changed.then_some(fixed)
 }

@@ -13,13 +13,12 @@ use std::ops::Range;
 
 use protobuf::Message;
 
-use super::after_start;
-use super::handlers;
-use super::record::{add_protection, container_record, own_protection, pod_record, whole_pages};
+use super::record::{container_record, pod_record};
 use super::*;
 use crate::node::layout::{container_cgroup_dir_in, PodCgroups};
 use crate::nri::lean_sync;
 use crate::nri::reassembly::Snapshot;
+use crate::nri::view::{self, add_protection, own_protection, whole_pages};
 
 /// One container of a pod being synchronized: its index among the pod's
 /// members, its facts and decision, and when deciding it started.
@@ -118,7 +117,7 @@ impl lean_sync::SynchronizeEncoded for QosPlugin {
         if !more && lock(&self.sync).is_fresh() {
             let indexed = lean_sync::index_synchronize(&payload).map_err(invalid)?;
             let objects = indexed.pods.len() + indexed.containers.len();
-            let timeout = handlers::request_timeout(ctx);
+            let timeout = crate::nri::session::request_timeout(ctx);
             let whole =
                 lock(&self.sync).take_whole(objects, payload.len(), more, timeout, Instant::now());
             if let Some(answer_by) = whole {
@@ -160,9 +159,8 @@ impl QosPlugin {
         // Only CRI-O describes a resized container with its creation-time
         // resources after a restart; elsewhere the report is current and
         // two file reads per container would only slow the sync.
-        let forgets_resizes = self
-            .runtime_info()
-            .is_some_and(|r| forgets_resizes(&r.name));
+        let quirks = self.quirks();
+        let forgets_resizes = quirks.forgets_resizes;
         let live = self.live();
         let policy = &*live.policy;
         let rules = (&self.settings.node, policy);
@@ -221,8 +219,11 @@ impl QosPlugin {
             let decide_all = |pod_facts: &qos::PodFacts| -> Vec<Decided> {
                 let one = |(k, (_, c)): (usize, &(usize, Cow<api::Container>))| {
                     let started = Instant::now();
-                    let resources = kernel.get(k).and_then(Option::as_ref);
-                    let (facts, d) = decide_wire(pod_facts, c, resources, rules, api_pods);
+                    let source = match kernel.get(k).and_then(Option::as_ref) {
+                        Some(r) => view::Source::KernelLimits(r),
+                        None => view::Source::Reported,
+                    };
+                    let (facts, d) = view::decide(pod_facts, c, source, &quirks, rules, api_pods);
                     (k, facts, d, started)
                 };
                 members.iter().enumerate().map(one).collect()
@@ -287,6 +288,13 @@ impl QosPlugin {
         drop(source);
         {
             let mut reg = lock(&self.registry);
+            // A pod-level resize told to this process stands: the runtime
+            // reports a pod with the resources it was created with.
+            for (id, pod) in new_pods.iter_mut() {
+                if let Some(known) = reg.pods.get(id) {
+                    pod.memory_limit = known.memory_limit;
+                }
+            }
             reg.pods = new_pods;
             reg.containers = new_containers;
         }
@@ -312,13 +320,13 @@ impl QosPlugin {
 
     /// After a restart nothing says what we wrote before: a pod cgroup with
     /// more protection than our own policy gives its containers (`decided`,
-    /// see [`own_pod_protection`]) was protected by the kubelet (the keeper
+    /// see [`view::own_pod_protection`]) was protected by the kubelet (the keeper
     /// and `audit` apply the same rule). Failing that, a running container
     /// may hold a key the kubelet set where we did not (as at its start):
     /// only the keys the kubelet may set on its class are read
-    /// ([`after_start::kubelet_may_set`]), and none of a container whose
+    /// ([`view::kubelet_may_set`]), and none of a container whose
     /// current report shows the CRI's keys (`report_current`, see
-    /// [`after_start::known_keys`]). True when the pod is found the
+    /// [`view::known_keys`]). True when the pod is found the
     /// kubelet's now.
     fn kubelet_found_in_sync(
         &self,
@@ -361,7 +369,7 @@ impl QosPlugin {
             // either: a read there could only find nothing.
             let below_absent =
                 || pod_absent && container_cgroup_dir(path).is_some_and(|r| r.starts_with(&pod_cg));
-            let known = after_start::known_keys(Some(cg.class), facts, d, report_current);
+            let known = view::known_keys(Some(cg.class), facts, d, report_current);
             running
                 && !below_absent()
                 && self.kubelet_keys_in_started_below(&pod.id, &pod_cg, path, known)

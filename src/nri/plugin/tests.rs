@@ -1,4 +1,5 @@
 use super::*;
+use crate::nri::view::{pods_with_hidden_kubelet_keys, Source};
 
 fn kubelet_pod(root: &std::path::Path, id: &str, low: u64) -> api::PodSandbox {
     let cg = root.join(format!("kubepods/burstable/pod{id}"));
@@ -65,7 +66,7 @@ fn a_pod_the_kubelet_protected_before_its_sandbox_keeps_the_kubelets_values() {
     // First sight (RunPodSandbox): the kubelet's memory.low is already there.
     let kp = kubelet_pod(dir.path(), "k", 64 << 20);
     assert!(p.kubelet_owns_pod("k", &convert::pod_from_wire(&kp), &policy));
-    let d = p.decide_and_record(&kp, &hidden_container("c1", "k"), None);
+    let d = p.decide_and_record(&kp, &hidden_container("c1", "k"), Source::Reported);
     for key in ["memory.min", "memory.low", "memory.high"] {
         assert!(!d.adjustment.unified.contains_key(key), "{key}: {d:?}");
     }
@@ -73,7 +74,7 @@ fn a_pod_the_kubelet_protected_before_its_sandbox_keeps_the_kubelets_values() {
     // A pod with nothing in its cgroup is ours, as before.
     let ours = kubelet_pod(dir.path(), "n", 0);
     assert!(!p.kubelet_owns_pod("n", &convert::pod_from_wire(&ours), &policy));
-    let d = p.decide_and_record(&ours, &hidden_container("c2", "n"), None);
+    let d = p.decide_and_record(&ours, &hidden_container("c2", "n"), Source::Reported);
     assert!(d.adjustment.unified.contains_key("memory.low"), "{d:?}");
 
     // A restarted plugin reaches the same decision from the tree: the
@@ -184,7 +185,7 @@ fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot
         ..Default::default()
     });
     *lock(&p.runtime) = Some(RuntimeInfo {
-        name: "cri-o".into(),
+        quirks: RuntimeQuirks::decide("cri-o", "1.37.0", "v0.12.0", true),
         ..Default::default()
     });
     let updates = p.finish_sync(Complete {
@@ -199,9 +200,16 @@ fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot
     let high = |u: &api::ContainerUpdate| {
         u.linux.resources.as_ref().unwrap().unified["memory.high"].clone()
     };
-    let stale = plugin(dir.path()).decide_and_record(&kubelet_pod(dir.path(), "r", 0), &c, None);
-    let fresh =
-        plugin(dir.path()).decide_and_record(&kubelet_pod(dir.path(), "r", 0), &c, Some(&fixed));
+    let stale = plugin(dir.path()).decide_and_record(
+        &kubelet_pod(dir.path(), "r", 0),
+        &c,
+        Source::Reported,
+    );
+    let fresh = plugin(dir.path()).decide_and_record(
+        &kubelet_pod(dir.path(), "r", 0),
+        &c,
+        Source::KernelLimits(&fixed),
+    );
     assert_ne!(
         stale.adjustment.unified["memory.high"],
         fresh.adjustment.unified["memory.high"]
@@ -261,7 +269,7 @@ async fn a_started_container_holding_a_key_we_did_not_set_gives_its_pod_to_the_k
         p.state_change(&ctx, event(api::Event::RUN_POD_SANDBOX, pod, None))
             .await
             .unwrap();
-        let d = p.decide_and_record(pod, c, None);
+        let d = p.decide_and_record(pod, c, Source::Reported);
         let (low, high) = (
             &d.adjustment.unified["memory.low"],
             &d.adjustment.unified["memory.high"],
@@ -312,7 +320,7 @@ async fn a_started_container_holding_a_key_we_did_not_set_gives_its_pod_to_the_k
     }
     // The pod's later containers get no memory.min/low/high from us.
     let c2 = in_cgroup(hidden_container("c2", "a"), "/kubepods/burstable/poda/c2");
-    let d = p.decide_and_record(&pa, &c2, None);
+    let d = p.decide_and_record(&pa, &c2, Source::Reported);
     for key in ["memory.min", "memory.low", "memory.high"] {
         assert!(!d.adjustment.unified.contains_key(key), "{key}: {d:?}");
     }
@@ -324,6 +332,7 @@ async fn a_started_container_holding_a_key_we_did_not_set_gives_its_pod_to_the_k
     let hidden = pods_with_hidden_kubelet_keys(
         &containers,
         &by_id,
+        &RuntimeQuirks::default(),
         (&settings.node, &settings.policy),
         dir.path(),
         None,
@@ -423,16 +432,16 @@ fn kubelet_pods_after_sync(
     kubelet_pods_after_sync_from(root, None, pods, containers)
 }
 
-/// [`kubelet_pods_after_sync`] with the runtime `runtime` (by name).
+/// [`kubelet_pods_after_sync`] with the runtime `runtime` (name, version).
 fn kubelet_pods_after_sync_from(
     root: &std::path::Path,
-    runtime: Option<&str>,
+    runtime: Option<(&str, &str)>,
     pods: Vec<api::PodSandbox>,
     containers: Vec<api::Container>,
 ) -> Vec<std::path::PathBuf> {
     let p = plugin(root);
-    *lock(&p.runtime) = runtime.map(|name| RuntimeInfo {
-        name: name.into(),
+    *lock(&p.runtime) = runtime.map(|(name, version)| RuntimeInfo {
+        quirks: RuntimeQuirks::decide(name, version, "", true),
         ..Default::default()
     });
     p.finish_sync(Complete {
@@ -504,11 +513,12 @@ fn synchronize_reads_only_the_keys_the_kubelet_may_set_on_the_class() {
     );
 }
 
-/// A runtime that shows the CRI's `unified` map (NRI v0.10 on: the
-/// kubelet's memory.oom.group is there) shows every key the kubelet set, so
-/// a Synchronize reads none of that container's files; CRI-O, whose report
-/// after a restart can predate a resize, is still read. (The file here
-/// holds what the report does not, to prove which was read.)
+/// A runtime that shows the CRI's `unified` map (NRI v0.10 on: containerd
+/// 2.2) shows every key the kubelet set, so a Synchronize reads none of
+/// that container's files; CRI-O, whose report after a restart can predate
+/// a resize, is still read, and so is a runtime that hides the map
+/// (containerd 2.1) or one we do not know. (The file here holds what the
+/// report does not, to prove which was read.)
 #[test]
 fn synchronize_reads_no_container_key_where_the_runtime_shows_the_cris() {
     let dir = tempfile::tempdir().unwrap();
@@ -529,20 +539,24 @@ fn synchronize_reads_no_container_key_where_the_runtime_shows_the_cris() {
         &[("memory.min", "268435456")],
     );
     let (pods, containers) = (vec![pod], vec![cb]);
-    for runtime in [None, Some("containerd")] {
-        let owned = kubelet_pods_after_sync_from(root, runtime, pods.clone(), containers.clone());
+    let kubelets = [std::path::PathBuf::from("kubepods/burstable/podb")];
+    for runtime in [("containerd", "v2.2.7"), ("containerd", "v2.3.4")] {
+        let owned =
+            kubelet_pods_after_sync_from(root, Some(runtime), pods.clone(), containers.clone());
+        assert!(owned.is_empty(), "{runtime:?}: {owned:?}");
+        // A map with no key at all is just as whole there.
+        let bare = in_cgroup(hidden_container("cb", "b"), "/kubepods/burstable/podb/cb");
+        let owned = kubelet_pods_after_sync_from(root, Some(runtime), pods.clone(), vec![bare]);
         assert!(owned.is_empty(), "{runtime:?}: {owned:?}");
     }
-    assert_eq!(
-        kubelet_pods_after_sync_from(root, Some("cri-o"), pods.clone(), containers),
-        [std::path::PathBuf::from("kubepods/burstable/podb")]
-    );
-    // Without the CRI's keys in the report the file is read, as before.
-    let hidden = in_cgroup(hidden_container("cb", "b"), "/kubepods/burstable/podb/cb");
-    assert_eq!(
-        kubelet_pods_after_sync_from(root, Some("containerd"), pods, vec![hidden]),
-        [std::path::PathBuf::from("kubepods/burstable/podb")]
-    );
+    for runtime in [
+        None,
+        Some(("cri-o", "1.37.0")),
+        Some(("containerd", "2.1.9")),
+    ] {
+        let owned = kubelet_pods_after_sync_from(root, runtime, pods.clone(), containers.clone());
+        assert_eq!(owned, kubelets, "{runtime:?}");
+    }
 }
 
 /// A pod cgroup without memory.min (gone, or no memory controller) has no
@@ -582,7 +596,7 @@ async fn a_started_guaranteed_container_is_not_read_for_keys_the_kubelet_never_s
     p.state_change(&ctx, event(api::Event::RUN_POD_SANDBOX, &pod, None))
         .await
         .unwrap();
-    p.decide_and_record(&pod, &c, None);
+    p.decide_and_record(&pod, &c, Source::Reported);
     container_files(root, "/kubepods/podg/cg", &[("memory.high", "509943808")]);
     p.state_change(
         &ctx,
