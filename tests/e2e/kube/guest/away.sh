@@ -60,6 +60,6 @@ if create_pods $AWAY_BEFORE; then
     explain_check away.after none $AWAY_BEFORE $AWAY_DURING
     figure away "values equal to explain after the return" "$explain_ok of $explain_all" ""
     kube_audit away.audit
-    figure away "audit drift" "$(echo "$audit_out" | tail -n 1 | grep -oE '[0-9]+ drifting' || echo '?')" ""
+    figure away "audit drift" "$(echo "$audit_out" | grep -oE '[0-9]+ drifting' | tail -n 1 || echo '?')" ""
 fi
 delete_pods $AWAY_BEFORE $AWAY_DURING

@@ -348,6 +348,14 @@ sample_window() {
     fi
 }
 
+# The kubelet's cpu.weight for $1 millicores: MilliCPUToShares, then its
+# linear shares-to-weight conversion (pkg/kubelet/cm/cgroup_manager_linux.go).
+linear_weight() {
+    local shares=$(($1 * 1024 / 1000))
+    [ "$shares" -ge 2 ] || shares=2
+    echo $((1 + (shares - 2) * 9999 / 262142))
+}
+
 # The node is Ready.
 node_ready() {
     [ "$(kc get node e2e-node -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]

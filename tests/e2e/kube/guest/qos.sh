@@ -12,9 +12,13 @@ QOS_PODS="kn-guaranteed kn-burstable kn-besteffort kn-podlevel kn-sidecar"
 # pod cgroups, the QoS manager's setCPUCgroupConfig for the QoS cgroups,
 # node allocatable for kubepods), by its linear shares-to-weight conversion
 # 1 + ((shares - 2) * 9999) / 262142 (250m: 256 shares -> 10; 500m -> 20;
-# the Burstable sum 250m + 500m + 250m = 1000m -> 39; 2 CPUs -> 79; 2 shares -> 1).
+# 2 CPUs -> 79; 2 shares -> 1). The burstable QoS cgroup sums every
+# Burstable pod's CPU request on the node: these pods' 250m + 500m + 250m
+# and the nri-qos DaemonSet's own pod (Burstable, 50m: 1050m -> 41).
 # "PATH FILE VALUE"; $1: MemTotal in bytes, rounded down to a page.
 qos_kubelet_values() {
+    local ds_m
+    ds_m="$(kc -n kube-system get ds nri-qos -o jsonpath='{.spec.template.spec.containers[0].resources.requests.cpu}' | sed 's/m$//')"
     cat <<EOF
 kn-guaranteed cpu.weight 10
 kn-guaranteed cpu.max 25000_100000
@@ -31,7 +35,7 @@ kn-podlevel memory.max 536870912
 kn-sidecar cpu.weight 10
 kn-sidecar cpu.max max_100000
 kn-sidecar memory.max 268435456
-/kubepods/burstable cpu.weight 39
+/kubepods/burstable cpu.weight $(linear_weight $((1000 + ${ds_m:-0})))
 /kubepods/besteffort cpu.weight 1
 /kubepods cpu.weight 79
 /kubepods memory.max $1
@@ -47,12 +51,16 @@ qos_run() {
     explain_check "$scen.explain" "$mode" $QOS_PODS
     figure "$scen" "values equal to nri-qos explain" "$explain_ok of $explain_all" "running containers' 7 values each, and each pod cgroup's memory.min/low"
     memmax=$(($(awk '/MemTotal/ {print $2}' /proc/meminfo) * 1024 / 4096 * 4096))
-    "${QOS_KUBELET_VALUES:-qos_kubelet_values}" "$memmax" | kubelet_values_check "$scen.kubelet_values"
+    # a file, not a pipe: the check sets $kubelet_ok and $rc in this shell
+    "${QOS_KUBELET_VALUES:-qos_kubelet_values}" "$memmax" >/tmp/kubelet-values
+    kubelet_values_check "$scen.kubelet_values" </tmp/kubelet-values
     figure "$scen" "the kubelet's pod/QoS/kubepods values kept" "$kubelet_ok of $kubelet_all" "cpu.weight, cpu.max, memory.max as its formulas give"
     kube_audit "$scen.audit"
-    figure "$scen" "audit drift" "$(echo "$audit_out" | tail -n 1 | grep -oE '[0-9]+ drifting' || echo '?')" "$(echo "$audit_out" | grep '^api-server:' | cut -c1-80)"
+    figure "$scen" "audit drift" "$(echo "$audit_out" | grep -oE '[0-9]+ drifting' | tail -n 1 || echo '?')" "$(echo "$audit_out" | grep '^api-server:' | cut -c1-80)"
     sample_window "$scen" "${QOS_SAMPLE_S:-120}" $QOS_PODS
-    "${QOS_KUBELET_VALUES:-qos_kubelet_values}" "$memmax" | kubelet_values_check "$scen.kubelet_values_after"
+    # a file, not a pipe: the check sets $kubelet_ok and $rc in this shell
+    "${QOS_KUBELET_VALUES:-qos_kubelet_values}" "$memmax" >/tmp/kubelet-values
+    kubelet_values_check "$scen.kubelet_values_after" </tmp/kubelet-values
 }
 
 if [ "${QOS_ONLY_FUNCTIONS:-0}" = 0 ]; then
