@@ -96,11 +96,12 @@ throttle_psi_only() {
     while [ "$(now_s)" -lt "$deadline" ]; do
         st="$(kc get pod "$pod" -o jsonpath='{.status.phase}|{.status.reason}|{.metadata.deletionTimestamp}|{.status.conditions[?(@.type=="DisruptionTarget")].reason}' 2>/dev/null)" || { gone=1; break; }
         [ -z "$st" ] || last="$st"
-        case "$st" in *"|"?*"|"*) [ -n "$t_ev" ] || t_ev=$(now_s) ;; esac
+        # marked: Failed, a reason, a deletion time or a DisruptionTarget
+        case "$st" in Failed\|* | *\|?*\|*\|* | *\|*\|?*\|* | *\|*\|*\|?*) [ -n "$t_ev" ] || t_ev=$(now_s) ;; esac
         [ -d "$cg" ] && info "thr-psi reader: $(grep some "$cg/memory.pressure" | cut -d' ' -f2) high $(high_events "$cg") max $(awk '$1 == "max" { print $2 }' "$cg/memory.events") pod max events $(awk '$1 == "max" { print $2 }' "$(dirname "$cg")/memory.events")"
         sleep 2
     done
-    figure throttle "PSI-only stall: start to marked by the API" "$([ -n "$t_ev" ] && echo "$((t_ev - t0)) s" || echo never)" "last state phase|reason|deletion|DisruptionTarget: $last"
+    figure throttle "PSI-only stall: start to marked by the API" "$([ -n "$t_ev" ] && echo "$((t_ev - t0)) s" || echo never)" "last state phase/reason/deletion/DisruptionTarget: $(echo "$last" | tr '|' /)"
     ev="$(kc get events --field-selector "involvedObject.name=$pod,reason=Evicted" -o jsonpath='{range .items[*]}{.source.component}{.reportingComponent}: {.message}{"\n"}{end}' | head -n 1)"
     if [ "$gone" = 1 ] || [ -n "$t_ev" ]; then
         check throttle.psi_only_evicted PASS "$pod: $last; Event: $(echo "$ev" | cut -c1-200)"
