@@ -21,10 +21,9 @@
 //! blocks on conn 1. A CreateContainer is timed from the write of its
 //! encoded frames to the read of the answer, as the floor times its
 //! message, so the ratio to the floor is what the plugin's path costs over
-//! the socket. (Until the sixth session of 2026-11-24 the peer was a tokio
-//! task with ttrpc-rust's async client over an in-memory mux, whose own
-//! wake-ups and task hops were in every plugin's round trip but not in the
-//! floor's: docs/benchmarks.md.)
+//! the socket: a peer with an async runtime and a ttrpc client would add
+//! its own wake-ups and task hops to every plugin's round trip but not to
+//! the floor's.
 //! Everything is read from outside the plugin: latency at the peer, CPU from
 //! `/proc/<pid>/stat` (utime + stime, all threads; for the floor, its echo
 //! process's, the least a receiving end costs), memory from
@@ -40,8 +39,7 @@
 //! `NRI_BENCH_SMAPS_DIR` (save each plugin's `/proc/<pid>/smaps` there at
 //! idle, after the Synchronize and after the creates),
 //! `NRI_BENCH_CGROUP_TREE=empty` (no pod or container cgroups under the
-//! plugin's cgroup root, as before 2026-11-24: every read of the
-//! Synchronize fails), `NRI_BENCH_PLACEMENT` (see [`Placement`]),
+//! plugin's cgroup root: every read of the Synchronize fails), `NRI_BENCH_PLACEMENT` (see [`Placement`]),
 //! `NRI_BENCH_UNIFIED=shown` (the containers reported with the CRI's
 //! unified map, as from containerd 2.2).
 //!

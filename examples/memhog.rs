@@ -1,7 +1,7 @@
 //! memhog: allocate and touch N MiB at a given rate, then sleep. Used by
 //! tests/e2e/pressure/ to create memory pressure inside a VM.
 //!
-//! Usage: memhog <MiB> [rate MiB/s, 0 = as fast as possible] [hold seconds]
+//! Usage: memhog <MiB> [rate MiB/s, may be fractional; 0 = as fast as possible] [hold seconds]
 //! Prints one line per 16 MiB: `memhog <epoch_ms> <MiB touched>`, so a
 //! harness can line the ramp up with the monitor's log.
 //!
@@ -40,7 +40,7 @@ fn epoch_ms() -> u128 {
         .unwrap_or(0)
 }
 
-fn arg(n: usize, default: u64) -> u64 {
+fn arg<T: std::str::FromStr>(n: usize, default: T) -> T {
     match std::env::args().nth(n) {
         Some(s) => s.parse().unwrap_or_else(|_| {
             eprintln!("usage: memhog <MiB> [rate MiB/s] [hold s]; bad argument {s:?}");
@@ -155,9 +155,9 @@ fn main() {
             .collect();
         watch(&levels);
     }
-    let total = arg(1, 256) as usize;
-    let rate = arg(2, 0);
-    let hold = arg(3, 3600);
+    let total: usize = arg(1, 256);
+    let rate: f64 = arg(2, 0.0);
+    let hold: u64 = arg(3, 3600);
     let start = Instant::now();
     let out = std::io::stdout();
     let mut chunks: Vec<Vec<u8>> = Vec::with_capacity(total);
@@ -172,8 +172,8 @@ fn main() {
         if done % 16 == 0 || done == total {
             let _ = writeln!(out.lock(), "memhog {} {done}", epoch_ms());
         }
-        if rate > 0 {
-            let due = Duration::from_secs_f64(done as f64 / rate as f64);
+        if rate > 0.0 {
+            let due = Duration::from_secs_f64(done as f64 / rate);
             if let Some(wait) = due.checked_sub(start.elapsed()) {
                 std::thread::sleep(wait);
             }

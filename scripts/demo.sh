@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+. scripts/lib/toolchain.sh
 bash tests/e2e/fetch.sh >&2
 # Debug builds: the VM harness uses the debug CRI client anyway, and the
 # values shown do not depend on the build.

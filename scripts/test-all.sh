@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+. scripts/lib/toolchain.sh
 step() { printf '\n=== %s ===\n' "$*"; }
 
 step "upstream NRI protos (Debian golang-github-containerd-nri-dev)"

@@ -3,14 +3,14 @@
 //! monitor that evicts in QoS order.
 //!
 //! One folder per concern: `nri` speaks the wire protocol, `qos` is the pure
-//! policy, `cgroup` keeps the pod/QoS-level hierarchy, `pressure` watches the
+//! policy, `keeper` keeps the pod/QoS-level hierarchy, `pressure` watches the
 //! node and evicts.
 
 pub mod app;
 pub mod audit;
-pub mod cgroup;
 pub mod config;
 pub mod explain;
+pub mod keeper;
 pub mod kube;
 pub mod metrics;
 pub mod node;

@@ -8,6 +8,7 @@ use std::path::{Component, Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub mod cgroup_files;
 pub mod cgroupfs;
 pub mod layout;
 pub mod time;
@@ -137,7 +138,7 @@ pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
 /// cgroup v2 when the mount point is the unified root (it has
 /// `cgroup.controllers`); a v1 or hybrid layout does not.
 pub fn is_cgroup_v2(cgroup_root: &Path) -> bool {
-    cgroup_root.join("cgroup.controllers").is_file()
+    cgroup_root.join(cgroup_files::CGROUP_CONTROLLERS).is_file()
 }
 
 /// What is mounted at the cgroup root.
@@ -186,7 +187,7 @@ pub fn cgroup_layout(root: &Path) -> CgroupLayout {
         .filter_map(Result::ok)
         // The `cpu` and `cpuacct` symlinks name `cpu,cpuacct` again.
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter(|e| e.path().join("cgroup.procs").is_file())
+        .filter(|e| e.path().join(cgroup_files::CGROUP_PROCS).is_file())
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| n != "unified" && n != "systemd")
         .collect();

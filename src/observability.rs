@@ -60,7 +60,7 @@ pub enum LogLevelError {
 }
 
 /// Checks a `plugin.log-level` value: a level or tracing filter
-/// (`info`, `nri_qos=debug,warn`), so a typo is an error rather than a
+/// (`info`, `nri_qos=debug,warn`). An invalid one is an error, not a
 /// silent fall back to `info`.
 pub fn check_level(level: &str) -> Result<(), LogLevelError> {
     if level.trim().is_empty() {

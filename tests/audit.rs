@@ -10,7 +10,7 @@ use std::path::Path;
 
 use common::*;
 use nri_qos::audit;
-use nri_qos::cgroup::HierarchyConfig;
+use nri_qos::keeper::HierarchyConfig;
 use nri_qos::node::cgroupfs::Owner;
 use nri_qos::node::registry::{ContainerRequests, RequestSource};
 use nri_qos::node::runtime::RuntimeQuirks;
@@ -126,7 +126,7 @@ impl ContainerRequests for ApiRequests {
     }
 }
 
-/// Issue 18: the plugin protects a Burstable pod with its exact request
+/// The plugin protects a Burstable pod with its exact request
 /// from the API server, more than oom_score_adj inversion gives. Without
 /// the API, audit takes that protection for the kubelet's Memory QoS and
 /// checks nothing; with the pod listed from the API it expects the exact
@@ -389,7 +389,7 @@ fn a_hidden_kubelet_key_in_a_container_makes_its_pod_the_kubelets() {
     assert!(audit::render_table(&report).contains("(runtime)"));
 }
 
-/// Issue 14: a pod the kubelet's Memory QoS (TieredReservation, factor 0.9)
+/// A pod the kubelet's Memory QoS (TieredReservation, factor 0.9)
 /// protects. Its values are the kubelet's — never drift, owner `kubelet` —
 /// whether the runtime shows its `unified` keys (containerd 2.2+) or hides
 /// them (the pod cgroup carried protection before nri-qos wrote anything).

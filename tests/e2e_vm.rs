@@ -1,5 +1,5 @@
 //! `cargo test` entry point for the qemu e2e suite (tests/e2e/run.sh), which
-//! boots the real containerd 1.7 and 2.1 and CRI-O in a VM and checks the cgroup values
+//! boots the real containerd 1.7, 2.1, 2.2 and 2.3 and CRI-O in a VM and checks the cgroup values
 //! the kernel really holds. It needs qemu and a few minutes, so it only runs
 //! when `NRI_QOS_E2E=1` (CI sets it); otherwise each test prints a skip notice.
 //!
@@ -10,12 +10,15 @@
 //! it launches a new one, which synchronizes and fixes those pods up), and
 //! containerd 1.7 with the plugin pre-launched, which NRI v0.6.1 never
 //! synchronizes (`basic` only: the restart must not cost older pods their
-//! parents' protection); every scenario is followed by `nri-qos audit`
-//! inside the VM.
+//! parents' protection), and containerd 2.2 then 2.3 in one boot with the
+//! plugin pre-launched (the runtimes that show plugins the CRI unified map;
+//! a containerd restart must leave nri-qos's own values its own); every
+//! scenario is followed by `nri-qos audit` inside the VM.
 //!
 //! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, overrides the per-version mode),
 //! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,kubelet,pagecache,eviction,memoryqos;
-//! containerd 2.1 adds throttle before memoryqos and kubeletqos last),
+//! containerd 2.1 adds throttle before memoryqos and kubeletqos last, 2.2+2.3
+//! has its own list and neither resilience sequence nor timing pod),
 //! `NRI_QOS_E2E_TIMING_PODS` (default 1).
 
 // Test code: a failed unwrap is the test failure report.
@@ -34,12 +37,37 @@ static VM: Mutex<()> = Mutex::new(());
 /// the keeper's sums the others check are no longer written.
 const OWN_SCENARIOS: &str = "basic,kubelet,pagecache,eviction";
 
+/// What a boot runs after its scenarios.
+#[derive(Clone, Copy, PartialEq)]
+enum After {
+    /// The resilience sequence of the plugin's mode and one timing pod.
+    ResilienceAndTiming,
+    /// Nothing: the scenarios already prove what the sequence would.
+    Nothing,
+}
+
 fn run_e2e(containerd: &str, default_plugin: &str, default_scenarios: &str) {
     run_e2e_with(containerd, default_plugin, default_scenarios, &[]);
 }
 
 /// `run_e2e` with extra `run.sh` arguments (e.g. `--crictl`).
 fn run_e2e_with(containerd: &str, default_plugin: &str, default_scenarios: &str, extra: &[&str]) {
+    run_boot(
+        containerd,
+        default_plugin,
+        default_scenarios,
+        extra,
+        After::ResilienceAndTiming,
+    );
+}
+
+fn run_boot(
+    containerd: &str,
+    default_plugin: &str,
+    default_scenarios: &str,
+    extra: &[&str],
+    after: After,
+) {
     if std::env::var("NRI_QOS_E2E").as_deref() != Ok("1") {
         // Written to the stderr handle directly: libtest captures eprintln!, and a
         // skip should be visible in a plain `cargo test`.
@@ -53,11 +81,17 @@ fn run_e2e_with(containerd: &str, default_plugin: &str, default_scenarios: &str,
     let _vm = VM.lock().unwrap_or_else(|e| e.into_inner());
     let plugin = std::env::var("NRI_QOS_E2E_PLUGIN").unwrap_or_else(|_| default_plugin.into());
     // Both launch modes run their resilience sequence (none: nothing to kill).
-    let resilience = if plugin == "none" { "0" } else { "1" };
+    let resilience = if plugin == "none" || after == After::Nothing {
+        "0"
+    } else {
+        "1"
+    };
     let scenarios =
         std::env::var("NRI_QOS_E2E_SCENARIOS").unwrap_or_else(|_| default_scenarios.into());
     // One timing pod keeps the suite well inside CI's budget on a busy machine.
-    let timing_pods = std::env::var("NRI_QOS_E2E_TIMING_PODS").unwrap_or_else(|_| "1".into());
+    let default_timing = if after == After::Nothing { "0" } else { "1" };
+    let timing_pods =
+        std::env::var("NRI_QOS_E2E_TIMING_PODS").unwrap_or_else(|_| default_timing.into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/run.sh");
     let status = Command::new("bash")
         .arg(script)
@@ -104,6 +138,34 @@ fn e2e_containerd_2_1() {
         "prelaunched",
         &format!("{OWN_SCENARIOS},throttle,memoryqos,kubeletqos"),
         &["--crictl"],
+    );
+}
+
+/// containerd 2.2.7 (NRI v0.11: plugins see the CRI `unified` map) and then
+/// 2.3.4 (NRI v0.12: a dedicated RPC per event) in one boot, the plugin
+/// pre-launched: only what these runtimes change for nri-qos. On both,
+/// `restart` (basic's pods and resize as the unified map shows them, then a
+/// containerd restart that must leave nri-qos's own values its own and
+/// protect a later pod in its parents; it stands in for `basic` and for the
+/// pre-launched resilience sequence), with a count of nri-qos's container
+/// cgroup reads (the kernel counts its opens: none where the map shows the
+/// keys) and the registered event mask. On 2.2, `memoryqos` (the kubelet's
+/// keys seen, not read from the tree); on 2.3, a pod-level resize through
+/// CRI UpdatePodSandboxResources (`podresize`), swap with the kubelet's
+/// LimitedSwap (`swap`) and the check that every event comes by its own
+/// RPC, never StateChange. `kubelet`, `pagecache` and `eviction` prove the
+/// kernel and the monitor, which no runtime changes: 2.1 runs them.
+/// Skipped, with what is missing, when ../shared/tools/bin has no
+/// containerd-2.2.7 / containerd-2.3.4 (NRI_QOS_CONTAINERD_2_2,
+/// NRI_QOS_CONTAINERD_2_3).
+#[test]
+fn e2e_containerd_2_2_and_2_3() {
+    run_boot(
+        "2.2+2.3",
+        "prelaunched",
+        "podresize@2.3,swap@2.3,restart,memoryqos@2.2",
+        &[],
+        After::Nothing,
     );
 }
 

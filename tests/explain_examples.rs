@@ -178,7 +178,7 @@ fn bad_node_and_kindless_manifest_are_errors_naming_them() {
     }
 }
 
-/// Issue 18: the request source the plugin would use. `auto` follows the
+/// The request source the plugin would use. `auto` follows the
 /// config (`[kubernetes] kubeconfig` set: api-server); the flag overrides.
 #[test]
 fn request_source_follows_the_config_or_the_flag() {

@@ -1,6 +1,6 @@
 //! A short burst of the fuzzer (`examples/fuzz.rs`), so it keeps building
-//! and running as the protocol code changes. The long run and its numbers:
-//! README, "Fuzzing".
+//! and running as the protocol code changes. The long run:
+//! docs/protocol.md, "Fuzzing".
 
 use std::process::Command;
 

@@ -427,7 +427,7 @@ fn kubelet_order(cands: &[Candidate]) -> Vec<String> {
     v.into_iter().map(|c| c.uid.clone()).collect()
 }
 
-fn notice(f: &nri_qos::kube::PodFacts, hard: bool) -> EvictionNotice {
+fn notice(f: &nri_qos::kube::ApiPodFacts, hard: bool) -> EvictionNotice {
     EvictionNotice {
         uid: f.uid.clone(),
         namespace: f.namespace.clone(),
@@ -442,7 +442,7 @@ fn notice(f: &nri_qos::kube::PodFacts, hard: bool) -> EvictionNotice {
     }
 }
 
-fn by_name(store: &PodStore, name: &str) -> Arc<nri_qos::kube::PodFacts> {
+fn by_name(store: &PodStore, name: &str) -> Arc<nri_qos::kube::ApiPodFacts> {
     store
         .all()
         .into_iter()
@@ -1122,7 +1122,7 @@ fn etcd_revision(port: u16) -> u64 {
         .unwrap()
 }
 
-/// Issue 18's watch expiry: a watch resumed from a resource version etcd
+/// Watch expiry: a watch resumed from a resource version etcd
 /// compacted away gets 410 Gone; the reflector relists and the relist
 /// replaces the store, so a pod created during the gap appears and one
 /// deleted during it disappears. The API server runs without its watch

@@ -24,7 +24,7 @@ const ROOMS: &[(&str, u8)] = &[
     ("metrics", 0),
     ("observability", 0),
     ("qos", 1),
-    ("cgroup", 2),
+    ("keeper", 2),
     ("pressure", 2),
     ("nri", 2),
     ("kube", 2),
@@ -503,14 +503,14 @@ fn paths(code: &str, module: &[&str]) -> Vec<String> {
 
 #[test]
 fn use_lines_groups_and_nested_groups() {
-    let code = "use crate::qos::Class;\nuse crate::{node::layout, cgroup::{plan::Plan, keeper as k}, metrics::*};\n";
+    let code = "use crate::qos::Class;\nuse crate::{node::layout, keeper::{plan::Plan, keeper as k}, metrics::*};\n";
     assert_eq!(
         paths(code, &["nri", "plugin"]),
         [
             "1:qos::Class",
             "2:node::layout",
-            "2:cgroup::plan::Plan",
-            "2:cgroup::keeper",
+            "2:keeper::plan::Plan",
+            "2:keeper::keeper",
             "2:metrics::*"
         ]
     );
@@ -518,12 +518,12 @@ fn use_lines_groups_and_nested_groups() {
 
 #[test]
 fn inline_paths_and_macro_paths() {
-    let code = "fn f() -> crate::node::Facts {\n    let x = crate::cgroup::plan::PAGE_SIZE;\n    $crate::metrics::inc!();\n    Vec::<crate::qos::Q>::new()\n}";
+    let code = "fn f() -> crate::node::Facts {\n    let x = crate::keeper::plan::PAGE_SIZE;\n    $crate::metrics::inc!();\n    Vec::<crate::qos::Q>::new()\n}";
     assert_eq!(
         paths(code, &["pressure"]),
         [
             "1:node::Facts",
-            "2:cgroup::plan::PAGE_SIZE",
+            "2:keeper::plan::PAGE_SIZE",
             "3:metrics::inc",
             "4:qos::Q"
         ]
@@ -543,7 +543,7 @@ pub(crate) fn f(c: char) -> &'static str {
 }
 pub(in crate::qos) struct S;
 "##;
-    assert_eq!(paths(code, &["cgroup", "plan"]), ["10:qos"]);
+    assert_eq!(paths(code, &["keeper", "plan"]), ["10:qos"]);
 }
 
 #[test]
@@ -570,13 +570,13 @@ fn the_rule() {
     use Verdict::*;
     assert_eq!(verdict("nri", "qos"), Allowed);
     assert_eq!(verdict("nri", "nri"), Allowed);
-    assert_eq!(verdict("qos", "cgroup"), Up);
+    assert_eq!(verdict("qos", "keeper"), Up);
     assert_eq!(verdict("nri", "config"), Up);
     assert_eq!(verdict("node", "metrics"), Sideways);
     assert_eq!(verdict("metrics", "node"), Allowed);
     assert_eq!(verdict("metrics", "kube"), Up);
     assert_eq!(verdict("nri", "pressure"), Sideways);
-    assert_eq!(verdict("pressure", "cgroup"), Sideways);
+    assert_eq!(verdict("pressure", "keeper"), Sideways);
     assert_eq!(verdict("audit", "explain"), Sideways);
     assert_eq!(verdict("explain", "table"), Allowed);
     assert_eq!(verdict("app", "config"), Allowed);
@@ -598,12 +598,12 @@ fn violations_read_clearly() {
         file: "qos/policy.rs".into(),
         line: 7,
         from: "qos".into(),
-        path: vec!["cgroup".into(), "layout".into()],
+        path: vec!["keeper".into(), "layout".into()],
         verdict: Verdict::Up,
     };
     assert_eq!(
         v.to_string(),
-        "src/qos/policy.rs:7: qos (floor 1) -> crate::cgroup::layout (floor 2) points UP"
+        "src/qos/policy.rs:7: qos (floor 1) -> crate::keeper::layout (floor 2) points UP"
     );
     let stray = Violation {
         file: "util.rs".into(),

@@ -429,7 +429,7 @@ fn idle_and_slow_clients_never_starve_healthz() {
     // Every probe must answer (health_latency panics otherwise), and the
     // typical one within 50 ms. The median, not the worst: this runs on
     // shared CI cores beside other tests, where any single round trip can
-    // be descheduled; the benchmark (README) reports the tail.
+    // be descheduled; the benchmark (docs/benchmarks.md) reports the tail.
     let mut took = Vec::new();
     for round in 0..21 {
         for s in slow.iter_mut() {

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use nri_qos::cgroup::{HierarchyConfig, Keeper};
+use nri_qos::keeper::{HierarchyConfig, Keeper};
 use nri_qos::node::lock;
 use nri_qos::nri::proto::api;
 use nri_qos::nri::proto::api_ttrpc::Plugin;

@@ -1,7 +1,7 @@
 //! The bounds of the wire path, against the plugin binary over a real unix
 //! socket: a peer that never reads our answers, and Synchronize chunks
-//! beyond the byte budget, for both the plugin and `nri-qos audit`
-//! (issue 12, defects 1-3). Peak memory is the child's VmHWM.
+//! beyond the byte budget, for both the plugin and `nri-qos audit`.
+//! Peak memory is the child's VmHWM.
 
 // Test code: a failed unwrap is the test failure report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

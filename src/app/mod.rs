@@ -130,7 +130,7 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
         cfg.plugin.dry_run,
     ));
     // Optional and never required: without credentials, or when they do not
-    // work, the plugin runs on the runtime's facts alone, as it always did.
+    // work, the plugin runs on the runtime's facts alone.
     let kube = match crate::kube::start(&cfg.kubernetes, Some(plugin.metrics())) {
         Ok(k) => k,
         Err(e) => {
@@ -155,12 +155,12 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
             });
         }
         if cfg.hierarchy.enabled && node.cgroup_v2 && !cfg.plugin.dry_run {
-            let keeper = crate::cgroup::Keeper::new(
+            let keeper = crate::keeper::Keeper::new(
                 cfg.node.cgroup_root.clone(),
                 cfg.hierarchy.clone(),
                 node.memory_capacity,
             );
-            tokio::spawn(crate::cgroup::keeper::run(
+            tokio::spawn(crate::keeper::run(
                 keeper,
                 plugin.registry(),
                 plugin.subscribe_changes(),

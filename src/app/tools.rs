@@ -60,13 +60,34 @@ pub struct ExplainArgs {
 
 /// `nri-qos explain`: every kernel value a Pod manifest will get.
 pub fn run_explain(args: ExplainArgs) -> Result<(), AppError> {
-    use crate::explain::{self, NodeSpec};
-    use crate::node::layout::Driver;
-    use crate::qos::quantity::{parse_bytes, parse_milli};
     let cfg = match &args.config {
         Some(p) => Config::load(p)?,
         None => Config::default(),
     };
+    let node = explain_node(&args)?;
+    if !matches!(args.output.as_str(), "table" | "json") {
+        return Err(AppError::Usage(format!(
+            "--output must be table or json, not {:?}",
+            args.output
+        )));
+    }
+    let kubelet = explain_kubelet(&args)?;
+    let api_server = explain_request_source(&args, &cfg)?;
+    let yaml = read_manifest(&args.manifest)?;
+    let report = crate::explain::explain_with(&yaml, &node, &cfg.policy, &kubelet, api_server)
+        .with_context(|| format!("explaining {}", args.manifest.display()))?;
+    if args.output == "json" {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", crate::explain::render_table(&report));
+    }
+    Ok(())
+}
+
+/// The node `explain` simulates, from its flags.
+fn explain_node(args: &ExplainArgs) -> Result<crate::explain::NodeSpec, AppError> {
+    use crate::node::layout::Driver;
+    use crate::qos::quantity::{parse_bytes, parse_milli};
     let memory = parse_bytes(&args.node_memory).context("--node-memory")?;
     if memory == 0 {
         return Err(AppError::Usage("--node-memory must be more than 0".into()));
@@ -90,59 +111,55 @@ pub fn run_explain(args: ExplainArgs) -> Result<(), AppError> {
             )))
         }
     };
-    if !matches!(args.output.as_str(), "table" | "json") {
-        return Err(AppError::Usage(format!(
-            "--output must be table or json, not {:?}",
-            args.output
-        )));
-    }
-    let yaml = if args.manifest.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin()).context("reading the manifest from stdin")?
-    } else {
-        std::fs::read_to_string(&args.manifest)
-            .with_context(|| format!("reading {}", args.manifest.display()))?
-    };
-    let node = NodeSpec {
+    Ok(crate::explain::NodeSpec {
         memory_capacity: memory,
         memory_allocatable: allocatable.min(memory),
         page_size: args.page_size.max(1),
         driver,
         cgroup_v2: !args.cgroup_v1,
-    };
+    })
+}
+
+/// The kubelet `explain` simulates: its version and Memory QoS mode.
+fn explain_kubelet(args: &ExplainArgs) -> Result<crate::explain::KubeletMemoryQosSim, AppError> {
+    use crate::explain::KubeletMode;
     let mode = match args.kubelet_memory_qos.as_str() {
-        "none" => explain::KubeletMode::None,
-        "alpha" => explain::KubeletMode::Alpha,
-        "tiered" => explain::KubeletMode::Tiered,
+        "none" => KubeletMode::None,
+        "alpha" => KubeletMode::Alpha,
+        "tiered" => KubeletMode::Tiered,
         other => {
             return Err(AppError::Usage(format!(
                 "--kubelet-memory-qos must be none, alpha or tiered, not {other:?}"
             )))
         }
     };
-    let kubelet = explain::KubeletMemoryQosSim::for_version(
+    crate::explain::KubeletMemoryQosSim::for_version(
         &args.kubelet_version,
         Some(mode),
         args.memory_throttling_factor,
     )
-    .context("--kubelet-version / --kubelet-memory-qos / --memory-throttling-factor")?;
-    let api_server = match args.request_source.as_str() {
-        "api-server" => true,
-        "runtime" => false,
-        "auto" => cfg.kubernetes.enabled && cfg.kubernetes.kubeconfig.is_some(),
-        other => {
-            return Err(AppError::Usage(format!(
-                "--request-source must be auto, api-server or runtime, not {other:?}"
-            )))
-        }
-    };
-    let report = explain::explain_with(&yaml, &node, &cfg.policy, &kubelet, api_server)
-        .with_context(|| format!("explaining {}", args.manifest.display()))?;
-    if args.output == "json" {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", explain::render_table(&report));
+    .context("--kubelet-version / --kubelet-memory-qos / --memory-throttling-factor")
+}
+
+/// Whether the exact requests come from the API server, as the plugin's
+/// Kubernetes API source would give them.
+fn explain_request_source(args: &ExplainArgs, cfg: &Config) -> Result<bool, AppError> {
+    match args.request_source.as_str() {
+        "api-server" => Ok(true),
+        "runtime" => Ok(false),
+        "auto" => Ok(cfg.kubernetes.enabled && cfg.kubernetes.kubeconfig.is_some()),
+        other => Err(AppError::Usage(format!(
+            "--request-source must be auto, api-server or runtime, not {other:?}"
+        ))),
     }
-    Ok(())
+}
+
+fn read_manifest(path: &std::path::Path) -> Result<String, AppError> {
+    Ok(if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the manifest from stdin")?
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+    })
 }
 
 #[derive(clap::Args, Debug)]

@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::cgroup::plan::{self, PodProtection};
-use crate::cgroup::HierarchyConfig;
+use crate::keeper::plan::{self, PodProtection};
+use crate::keeper::HierarchyConfig;
 use crate::node::cgroupfs::{exceeds, read_protection, read_trimmed, relaxed_in_tree, Owner};
 use crate::node::layout::{container_cgroup_dir, pod_cgroups};
 use crate::node::registry::{within_pod_limit, ContainerRequests, RequestSource};

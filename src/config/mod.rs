@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::cgroup::HierarchyConfig;
+use crate::keeper::HierarchyConfig;
 use crate::kube::KubernetesConfig;
 use crate::pressure::throttle::ThrottleConfig;
 use crate::pressure::MonitorConfig;

@@ -323,7 +323,7 @@ struct PodContext<'a> {
     /// oom_score_adj is capped by it).
     min_regular: Option<u64>,
     /// The pod as the Kubernetes API source reads it, when explained for it.
-    api: Option<crate::kube::facts::PodFacts>,
+    api: Option<crate::kube::facts::ApiPodFacts>,
 }
 
 impl PodContext<'_> {

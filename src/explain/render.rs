@@ -1,14 +1,14 @@
 //! The explained pod as the table `nri-qos explain` prints, and the
-//! README's oom_score_adj resolution table.
+//! big-nodes table of docs/policy.md (oom_score_adj resolution).
 
 use serde_json::Value;
 
-use super::PodReport;
+use super::{ContainerReport, PodReport};
 use crate::node::cgroupfs::Owner;
 use crate::qos::formulas as f;
 use crate::table;
 
-/// The README's big-nodes table: how well a Burstable request can be
+/// The big-nodes table of docs/policy.md: how well a Burstable request can be
 /// recovered from oom_score_adj on nodes of `GiB` sizes (the kubelet's
 /// formula truncates 1000·request/MemTotal to an integer).
 pub fn inversion_table(gibs: &[u64]) -> String {
@@ -64,8 +64,38 @@ fn human_bytes(b: u64) -> String {
     b.to_string()
 }
 
-/// The report as a readable table.
+/// The report as a readable table: a header, one row per container, the
+/// sandbox and the pod cgroup, then the notes that apply.
 pub fn render_table(r: &PodReport) -> String {
+    let mut out = header(r);
+    let mut rows = vec![COLUMNS.map(String::from)];
+    rows.extend(r.containers.iter().map(container_row));
+    rows.push(sandbox_row());
+    rows.push(pod_cgroup_row(r));
+    out.push_str(&table::aligned(&rows));
+    out.push_str(&guard_note(r));
+    if r.containers.iter().any(|c| !c.kubelet_unified.is_empty()) {
+        out.push_str("\nThe last column is what the kubelet's Memory QoS sets; nri-qos adds the other cpu.weight and memory values and any oom_score_adj change.\n");
+    }
+    out
+}
+
+const COLUMNS: [&str; 10] = [
+    "CONTAINER",
+    "cpu.weight",
+    "cpu.max",
+    "memory.min",
+    "memory.low",
+    "memory.high",
+    "memory.max",
+    "oom_score_adj",
+    "memory request",
+    "set by the kubelet",
+];
+
+type Row = [String; 10];
+
+fn header(r: &PodReport) -> String {
     let mut out = format!("pod {}: {:?} ({})\n", r.pod, r.qos_class, r.reason);
     out.push_str(&format!(
         "pod cgroup: {}\n",
@@ -77,74 +107,84 @@ pub fn render_table(r: &PodReport) -> String {
         ));
     }
     out.push('\n');
-    let mut rows = vec![[
-        "CONTAINER",
-        "cpu.weight",
-        "cpu.max",
-        "memory.min",
-        "memory.low",
-        "memory.high",
-        "memory.max",
-        "oom_score_adj",
-        "memory request",
-        "set by the kubelet",
+    out
+}
+
+fn container_row(c: &ContainerReport) -> Row {
+    let kind = if c.sidecar {
+        " (sidecar)"
+    } else if c.init {
+        " (init)"
+    } else {
+        ""
+    };
+    [
+        format!("{}{kind}", c.name),
+        format!("{} ({} shares)", c.cpu_weight, c.cpu_shares),
+        c.cpu_max.clone(),
+        human_bytes(c.memory_min),
+        human_bytes(c.memory_low),
+        human(&c.memory_high),
+        human(&c.memory_max),
+        c.oom_score_adj.to_string(),
+        memory_request_cell(c),
+        kubelet_keys_cell(c),
     ]
-    .map(String::from)];
-    for c in &r.containers {
-        let kind = if c.sidecar {
-            " (sidecar)"
-        } else if c.init {
-            " (init)"
-        } else {
-            ""
-        };
-        rows.push([
-            format!("{}{kind}", c.name),
-            format!("{} ({} shares)", c.cpu_weight, c.cpu_shares),
-            c.cpu_max.clone(),
-            human_bytes(c.memory_min),
-            human_bytes(c.memory_low),
-            human(&c.memory_high),
-            human(&c.memory_max),
-            c.oom_score_adj.to_string(),
-            match (c.memory_request, c.memory_request_range) {
-                (Some(_), Some((from, to))) => format!(
-                    "{}..{} ({})",
-                    human_bytes(from),
-                    to.map_or("".into(), human_bytes),
-                    c.memory_request_source
-                ),
-                (Some(b), None) => format!("{} ({})", human_bytes(b), c.memory_request_source),
-                (None, _) => format!("- ({})", c.memory_request_source),
-            },
-            {
-                let k: Vec<&str> = c
-                    .set_by
-                    .iter()
-                    .filter(|(_, o)| **o == Owner::Kubelet)
-                    .map(|(k, _)| k.as_str())
-                    .collect();
-                if k.is_empty() {
-                    "-".into()
-                } else {
-                    k.join(",")
-                }
-            },
-        ]);
+}
+
+/// The memory request, or its range when only bounds are known, with where
+/// it came from.
+fn memory_request_cell(c: &ContainerReport) -> String {
+    match (c.memory_request, c.memory_request_range) {
+        (Some(_), Some((from, to))) => format!(
+            "{}..{} ({})",
+            human_bytes(from),
+            to.map_or("".into(), human_bytes),
+            c.memory_request_source
+        ),
+        (Some(b), None) => format!("{} ({})", human_bytes(b), c.memory_request_source),
+        (None, _) => format!("- ({})", c.memory_request_source),
     }
-    rows.push([
-        "(pod sandbox)".into(),
-        "1 (2 shares)".into(),
-        "max 100000".into(),
-        "0".into(),
-        "0".into(),
-        "max".into(),
-        "max".into(),
-        "-998".into(),
-        "-".into(),
-        "-".into(),
-    ]);
-    rows.push([
+}
+
+fn kubelet_keys_cell(c: &ContainerReport) -> String {
+    let keys: Vec<&str> = c
+        .set_by
+        .iter()
+        .filter(|(_, o)| **o == Owner::Kubelet)
+        .map(|(k, _)| k.as_str())
+        .collect();
+    if keys.is_empty() {
+        "-".into()
+    } else {
+        keys.join(",")
+    }
+}
+
+/// The pause container: the runtime's own values, the same for every pod.
+fn sandbox_row() -> Row {
+    [
+        "(pod sandbox)",
+        "1 (2 shares)",
+        "max 100000",
+        "0",
+        "0",
+        "max",
+        "max",
+        "-998",
+        "-",
+        "-",
+    ]
+    .map(String::from)
+}
+
+fn pod_cgroup_row(r: &PodReport) -> Row {
+    let kubelet_keys = if r.pod_cgroup["owner"] == "kubelet" {
+        "memory.min,memory.low"
+    } else {
+        "-"
+    };
+    [
         "(pod cgroup)".into(),
         "-".into(),
         "-".into(),
@@ -154,30 +194,24 @@ pub fn render_table(r: &PodReport) -> String {
         "-".into(),
         "-".into(),
         "-".into(),
-        if r.pod_cgroup["owner"] == "kubelet" {
-            "memory.min,memory.low".into()
-        } else {
-            "-".into()
-        },
-    ]);
+        kubelet_keys.into(),
+    ]
+}
+
+fn guard_note(r: &PodReport) -> String {
     let guarded: Vec<&str> = r
         .containers
         .iter()
         .filter(|c| c.throttle_guard)
         .map(|c| c.name.as_str())
         .collect();
-    let footer = (!guarded.is_empty()).then(|| {
-        format!(
-            "\nthrottle guard ({}): where the monitor runs, a container that stays throttled at its memory.high \
-             past [throttle] grace-period gets memory.high = memory.max; if the stall persists, its pod is evicted \
-             in the node-pressure order.\n",
-            guarded.join(", ")
-        )
-    });
-    out.push_str(&table::aligned(&rows));
-    out.push_str(footer.as_deref().unwrap_or(""));
-    if r.containers.iter().any(|c| !c.kubelet_unified.is_empty()) {
-        out.push_str("\nThe last column is what the kubelet's Memory QoS sets; nri-qos adds the other cpu.weight and memory values and any oom_score_adj change.\n");
+    if guarded.is_empty() {
+        return String::new();
     }
-    out
+    format!(
+        "\nthrottle guard ({}): unless [throttle] enabled = false, a container that stays throttled at its memory.high \
+         past [throttle] grace-period gets memory.high = memory.max; if the stall persists, its pod is evicted \
+         in the node-pressure order.\n",
+        guarded.join(", ")
+    )
 }

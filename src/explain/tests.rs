@@ -109,12 +109,12 @@ fn besteffort_gets_memory_high_from_allocatable() {
 }
 
 #[test]
-fn readme_big_nodes_table_is_computed() {
+fn big_nodes_table_is_computed() {
     let table = inversion_table(&[16, 64, 128, 256, 512]);
-    let readme = include_str!("../../README.md");
+    let doc = include_str!("../../docs/policy.md");
     assert!(
-        readme.contains(&table),
-        "README.md must carry this table (section \"With the kubelet's Memory QoS\"):\n{table}"
+        doc.contains(&table),
+        "docs/policy.md must carry this table (section \"Big nodes\"):\n{table}"
     );
     // §5: 16 GiB → ~17 MB resolution.
     assert!(table.contains("| 16 GiB | 16.4 MiB |"), "{table}");
@@ -214,14 +214,14 @@ fn json_shape_is_stable() {
         assert_eq!(k[key], want, "kubelet.{key}");
     }
     assert!(render_table(&r).contains("Guaranteed"));
-    // Added for issue 14 (only ever add keys).
+    // Keys added to the stable shape (keys are only ever added).
     for key in ["memoryRequestRange", "kubeletUnified", "setBy"] {
         assert!(v["containers"][0].get(key).is_some(), "missing {key}");
     }
     assert_eq!(v["podCgroup"]["owner"], "nri-qos");
 }
 
-/// Issue 18: explained for a plugin with the Kubernetes API source, the
+/// Explained for a plugin with the Kubernetes API source, the
 /// request is the spec's exact one (source `api-server`), not the
 /// oom_score_adj reading; without it, the output is as before.
 #[test]

@@ -15,7 +15,7 @@ use kube::Client;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use super::facts::{self, PodFacts};
+use super::facts::{self, ApiPodFacts};
 use super::messages::{evicted_message, relaxed_message};
 use super::store::PodStore;
 use super::{Credentials, KubeError};
@@ -247,7 +247,7 @@ struct ApiThread {
     metrics: Option<Arc<Metrics>>,
 }
 
-fn reduce(pod: &Pod) -> Option<PodFacts> {
+fn reduce(pod: &Pod) -> Option<ApiPodFacts> {
     match facts::from_api(pod) {
         Ok(f) => Some(f),
         Err(e) => {
@@ -281,7 +281,7 @@ impl ApiThread {
         let api: Api<Pod> = Api::all(self.client.clone());
         let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name));
         let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
-        let mut listing: Vec<PodFacts> = Vec::new();
+        let mut listing: Vec<ApiPodFacts> = Vec::new();
         let mut failures = 0u64;
         while let Some(ev) = stream.next().await {
             match ev {

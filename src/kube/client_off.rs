@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::facts::PodFacts;
+use super::facts::ApiPodFacts;
 use super::store::PodStore;
 use super::{Credentials, KubeError};
 use crate::metrics::Metrics;
@@ -39,7 +39,7 @@ pub async fn list_node_pods(
     _credentials: &Credentials,
     _node_name: &str,
     _limit: Duration,
-) -> Result<Vec<PodFacts>, KubeError> {
+) -> Result<Vec<ApiPodFacts>, KubeError> {
     Err(KubeError::NotBuilt)
 }
 

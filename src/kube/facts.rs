@@ -21,7 +21,7 @@ pub const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
 /// One pod as the API server has it, reduced to what the policy and the
 /// monitor use.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodFacts {
+pub struct ApiPodFacts {
     /// The UID the runtime and the cgroup paths know: the API UID, except
     /// for a mirror pod, whose static pod runs under the kubelet's config
     /// hash (the mirror annotation's value).
@@ -41,7 +41,7 @@ pub struct PodFacts {
     pub containers: Vec<(String, u64)>,
 }
 
-impl PodFacts {
+impl ApiPodFacts {
     /// The container's own request, when the pod spec lists it.
     pub fn container_request(&self, name: &str) -> Option<u64> {
         self.containers
@@ -73,7 +73,7 @@ impl PodFacts {
 /// Reduces an API object. The requests go through the same manifest
 /// reading `nri-qos explain` uses, so one piece of code knows the rules.
 #[cfg(feature = "kube")]
-pub fn from_api(obj: &ApiObject) -> Result<PodFacts, ManifestError> {
+pub fn from_api(obj: &ApiObject) -> Result<ApiPodFacts, ManifestError> {
     let value = serde_json::to_value(obj).map_err(ManifestError::Json)?;
     let pod: Pod = serde_path_to_error::deserialize(value).map_err(|e| ManifestError::Field {
         path: e.path().to_string(),
@@ -83,13 +83,13 @@ pub fn from_api(obj: &ApiObject) -> Result<PodFacts, ManifestError> {
 }
 
 /// [`from_api`] on an already parsed manifest.
-pub fn from_manifest(pod: &Pod) -> Result<PodFacts, ManifestError> {
+pub fn from_manifest(pod: &Pod) -> Result<ApiPodFacts, ManifestError> {
     let annotations = &pod.metadata.annotations;
     let static_pod = annotations.contains_key(MIRROR_POD_ANNOTATION)
         || annotations
             .get(CONFIG_SOURCE_ANNOTATION)
             .is_some_and(|s| s != "api");
-    Ok(PodFacts {
+    Ok(ApiPodFacts {
         runtime_uid: annotations
             .get(MIRROR_POD_ANNOTATION)
             .unwrap_or(&pod.metadata.uid)

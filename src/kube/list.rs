@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
 use super::client::client;
-use super::facts::{self, PodFacts};
+use super::facts::{self, ApiPodFacts};
 use super::{Credentials, KubeError};
 
 /// The pods bound to `node_name`, reduced to their facts; pods whose spec
@@ -17,7 +17,7 @@ pub async fn list_node_pods(
     credentials: &Credentials,
     node_name: &str,
     limit: Duration,
-) -> Result<Vec<PodFacts>, KubeError> {
+) -> Result<Vec<ApiPodFacts>, KubeError> {
     let list = async {
         let api: Api<Pod> = Api::all(client(credentials).await?);
         let params = ListParams::default().fields(&format!("spec.nodeName={node_name}"));

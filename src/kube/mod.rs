@@ -29,7 +29,7 @@ use thiserror::Error;
 #[cfg(not(feature = "kube"))]
 pub use client::list_node_pods;
 pub use client::Kube;
-pub use facts::PodFacts;
+pub use facts::ApiPodFacts;
 #[cfg(feature = "kube")]
 pub use list::list_node_pods;
 pub use store::PodStore;

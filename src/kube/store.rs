@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use super::facts::PodFacts;
+use super::facts::ApiPodFacts;
 use crate::node::registry::{ContainerRequests, PodInfo, PodRegistry};
 
 #[derive(Debug, Default)]
 pub struct PodStore {
-    pods: RwLock<HashMap<String, Arc<PodFacts>>>,
+    pods: RwLock<HashMap<String, Arc<ApiPodFacts>>>,
     /// A list completed and the watch has not failed since.
     connected: AtomicBool,
     /// Pods listed or watched since the start (for tests and logs).
@@ -19,8 +19,8 @@ pub struct PodStore {
 }
 
 impl PodStore {
-    /// A pod by the UID the runtime knows ([`PodFacts::runtime_uid`]).
-    pub fn get(&self, uid: &str) -> Option<Arc<PodFacts>> {
+    /// A pod by the UID the runtime knows ([`ApiPodFacts::runtime_uid`]).
+    pub fn get(&self, uid: &str) -> Option<Arc<ApiPodFacts>> {
         self.pods
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -37,7 +37,7 @@ impl PodStore {
     }
 
     /// Every pod, in no particular order.
-    pub fn all(&self) -> Vec<Arc<PodFacts>> {
+    pub fn all(&self) -> Vec<Arc<ApiPodFacts>> {
         self.pods
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -46,13 +46,13 @@ impl PodStore {
             .collect()
     }
 
-    pub fn upsert(&self, facts: PodFacts) {
+    pub fn upsert(&self, facts: ApiPodFacts) {
         self.events.fetch_add(1, Ordering::Relaxed);
         let mut m = self.pods.write().unwrap_or_else(|e| e.into_inner());
         m.insert(facts.runtime_uid.clone(), Arc::new(facts));
     }
 
-    /// Forgets a pod by its [`PodFacts::runtime_uid`].
+    /// Forgets a pod by its [`ApiPodFacts::runtime_uid`].
     pub fn remove(&self, uid: &str) {
         self.events.fetch_add(1, Ordering::Relaxed);
         let mut m = self.pods.write().unwrap_or_else(|e| e.into_inner());
@@ -60,7 +60,7 @@ impl PodStore {
     }
 
     /// A relist: the pods gone while the watch was down go too.
-    pub fn replace(&self, pods: Vec<PodFacts>) {
+    pub fn replace(&self, pods: Vec<ApiPodFacts>) {
         let map: HashMap<_, _> = pods
             .into_iter()
             .map(|p| (p.runtime_uid.clone(), Arc::new(p)))
@@ -99,8 +99,8 @@ mod tests {
     use super::*;
     use crate::qos::QosClass;
 
-    fn pod(uid: &str) -> PodFacts {
-        PodFacts {
+    fn pod(uid: &str) -> ApiPodFacts {
+        ApiPodFacts {
             runtime_uid: uid.into(),
             uid: uid.into(),
             namespace: "ns".into(),

@@ -6,7 +6,7 @@
 //! connection is closed. At most [`MAX_CONNECTIONS`] are held at once; a
 //! new one closes the oldest rather than being refused, so idle or slow
 //! local clients can never starve `/healthz` (a liveness probe that fails
-//! restarts the pod). Why not hyper: README, "The metrics endpoint".
+//! restarts the pod). Why not hyper: docs/dependencies.md.
 
 use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpStream as StdTcpStream};

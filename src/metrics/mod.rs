@@ -2,8 +2,8 @@
 //! the monitor record into, and its text exposition (format 0.0.4). The
 //! loopback HTTP endpoint that serves it is `http.rs`.
 //!
-//! Metric names use the `nri_qos_` prefix: the issue's `nri-qos_` cannot be
-//! used because Prometheus names must match `[a-zA-Z_:][a-zA-Z0-9_:]*` (no `-`).
+//! Metric names use the `nri_qos_` prefix: `nri-qos_` cannot be used
+//! because Prometheus names must match `[a-zA-Z_:][a-zA-Z0-9_:]*` (no `-`).
 //!
 //! Hand-written rather than the `prometheus-client` crate: five metric
 //! families with label values from fixed sets fit in fixed arrays of atomics,
@@ -308,9 +308,21 @@ impl Metrics {
     /// The Prometheus text exposition (format 0.0.4) of every metric.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        // Writing to a String cannot fail; the results are ignored on purpose.
+        // Writing to a String cannot fail: every writeln! result is ignored on purpose.
         let o = &mut out;
+        self.render_adjustments(o);
+        self.events.render(o);
+        self.render_hook_durations(o);
+        self.render_pressure(o);
+        self.render_evictions(o);
+        self.render_throttle(o);
+        self.render_runtime_connected(o);
+        self.render_kube(o);
+        self.render_protection(o);
+        out
+    }
 
+    fn render_adjustments(&self, o: &mut String) {
         header(
             o,
             "nri_qos_adjustments_total",
@@ -326,9 +338,9 @@ impl Metrics {
                 );
             }
         }
+    }
 
-        self.events.render(o);
-
+    fn render_hook_durations(&self, o: &mut String) {
         header(
             o,
             "nri_qos_hook_duration_seconds",
@@ -353,7 +365,9 @@ impl Metrics {
         let sum = self.hook_sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         let _ = writeln!(o, "nri_qos_hook_duration_seconds_sum {sum}");
         let _ = writeln!(o, "nri_qos_hook_duration_seconds_count {cumulative}");
+    }
 
+    fn render_pressure(&self, o: &mut String) {
         header(
             o,
             "nri_qos_pressure",
@@ -374,7 +388,9 @@ impl Metrics {
                 );
             }
         }
+    }
 
+    fn render_evictions(&self, o: &mut String) {
         header(
             o,
             "nri_qos_evictions_total",
@@ -390,7 +406,9 @@ impl Metrics {
                 );
             }
         }
+    }
 
+    fn render_throttle(&self, o: &mut String) {
         header(
             o,
             "nri_qos_throttle_relaxed_total",
@@ -427,7 +445,9 @@ impl Metrics {
             "nri_qos_throttle_containers {}",
             self.throttle_under.load(Ordering::Relaxed)
         );
+    }
 
+    fn render_runtime_connected(&self, o: &mut String) {
         header(
             o,
             "nri_qos_runtime_connected",
@@ -439,8 +459,9 @@ impl Metrics {
             "nri_qos_runtime_connected {}",
             u8::from(self.runtime_connected.load(Ordering::Relaxed))
         );
-        self.render_kube(o);
+    }
 
+    fn render_protection(&self, o: &mut String) {
         header(
             o,
             "nri_qos_protection_cgroups",
@@ -451,7 +472,6 @@ impl Metrics {
             let v = self.protection_owners[i].load(Ordering::Relaxed);
             let _ = writeln!(o, "nri_qos_protection_cgroups{{owner=\"{owner}\"}} {v}");
         }
-        out
     }
 }
 

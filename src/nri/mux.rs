@@ -16,8 +16,8 @@
 //! write and stops reading (back-pressure), so memory stays at the buffers
 //! below whatever the peer sends. The handlers are the generated ttrpc
 //! method handlers of the Plugin service, run to completion from the thread
-//! on the runtime's handle; only the server loop is ours (see the README's
-//! wire section for the measurements).
+//! on the runtime's handle; only the server loop is ours
+//! (docs/dependencies.md says why; docs/benchmarks.md measures it).
 //!
 //! Conn 2 (RegisterPlugin, rarely anything else) goes to the ttrpc client
 //! through an in-memory pipe of [`RUNTIME_PIPE_CAPACITY`]; its outgoing

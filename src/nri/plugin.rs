@@ -31,11 +31,11 @@ use crate::node::registry::{
 use crate::node::runtime::RuntimeQuirks;
 use crate::qos::{self, NodeFacts, PolicyConfig, QosClass};
 
-mod after_start;
 #[cfg(test)]
 mod event_tests;
 mod events;
 mod handlers;
+mod kubelet_ownership;
 mod record;
 mod sync;
 #[cfg(test)]

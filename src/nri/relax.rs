@@ -9,10 +9,10 @@
 //! Never from inside an NRI handler (the runtime holds its lock while it
 //! waits for our reply, and our call would wait for that lock): the monitor
 //! thread queues a request and returns; a task of ours makes the call.
-//! A runtime may accept the update and not apply its unified map (issue 15
-//! expected it of NRI v0.6; containerd 1.7.24 and 2.1.9 both applied it in
-//! the VM), so after every call the file is read back; where the value did
-//! not arrive, the task writes the cgroup file and says so once.
+//! A runtime may accept the update and not apply its unified map (NRI v0.6
+//! was expected to; containerd 1.7.24 and 2.1.9 both applied it in the VM),
+//! so after every call the file is read back; where the value did not
+//! arrive, the task writes the cgroup file and says so once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

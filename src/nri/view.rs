@@ -21,6 +21,9 @@ use tracing::info;
 
 use super::convert;
 use super::proto::api;
+use crate::node::cgroup_files::{
+    CPU_MAX, CPU_WEIGHT, MEMORY_HIGH, MEMORY_LOW, MEMORY_MAX, MEMORY_MIN,
+};
 use crate::node::cgroupfs::{self, Protection, PAGE_SIZE};
 use crate::node::layout::container_cgroup_dir;
 use crate::node::registry::ContainerRequests;
@@ -41,13 +44,13 @@ pub const OWN_UNIFIED_ANNOTATION: &str = "qos.nri-qos.io/unified";
 
 /// The `unified` keys the policy may set. Only these can be claimed as
 /// ours, whatever the annotation says.
-const OWN_KEYS: [&str; 4] = ["cpu.weight", "memory.high", "memory.low", "memory.min"];
+const OWN_KEYS: [&str; 4] = [CPU_WEIGHT, MEMORY_HIGH, MEMORY_LOW, MEMORY_MIN];
 
 /// The only key of [`OWN_KEYS`] the kubelet never sends (it passes CPU as
 /// shares): in a report without our annotation it says nri-qos adjusted
 /// the container without naming its keys (a Synchronize update, which
 /// cannot carry an annotation).
-const NEVER_THE_KUBELETS: &str = "cpu.weight";
+const NEVER_THE_KUBELETS: &str = CPU_WEIGHT;
 
 /// The policy's rules: the node and the policy in force.
 pub type Rules<'a> = (&'a NodeFacts, &'a PolicyConfig);
@@ -212,8 +215,8 @@ pub fn own_pod_protection(
 pub fn own_protection(facts: &qos::ContainerFacts, decision: &qos::Decision) -> Protection {
     let bytes = |k| effective_bytes(&facts.resources, &decision.adjustment, k);
     Protection {
-        min: bytes("memory.min"),
-        low: bytes("memory.low"),
+        min: bytes(MEMORY_MIN),
+        low: bytes(MEMORY_LOW),
     }
 }
 
@@ -256,7 +259,7 @@ pub fn limits_from_kernel(cgroup_root: &Path, c: &api::Container) -> Option<api:
     let mut fixed = reported.clone();
     let mut changed = false;
     let reported_limit = reported.memory.limit.as_ref().map(|v| v.value);
-    let kernel_limit = cgroupfs::read_trimmed(&dir.join("memory.max"))
+    let kernel_limit = cgroupfs::read_trimmed(&dir.join(MEMORY_MAX))
         .and_then(|v| v.parse::<i64>().ok())
         .filter(|v| *v > 0);
     if let (Some(was), Some(now)) = (reported_limit.filter(|v| *v > 0), kernel_limit) {
@@ -274,7 +277,7 @@ pub fn limits_from_kernel(cgroup_root: &Path, c: &api::Container) -> Option<api:
     }
     let reported_quota = reported.cpu.quota.as_ref().map(|v| v.value);
     let reported_period = reported.cpu.period.as_ref().map(|v| v.value);
-    let kernel_cpu = cgroupfs::read_trimmed(&dir.join("cpu.max")).and_then(|v| {
+    let kernel_cpu = cgroupfs::read_trimmed(&dir.join(CPU_MAX)).and_then(|v| {
         let (quota, period) = v.split_once(' ')?;
         Some((quota.parse::<i64>().ok()?, period.parse::<u64>().ok()?))
     });

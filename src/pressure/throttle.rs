@@ -1,4 +1,4 @@
-//! The memory.high throttle guard (issue 15).
+//! The memory.high throttle guard.
 //!
 //! A container whose anonymous memory sits between memory.high and
 //! memory.max on a node without swap is throttled on every allocation and

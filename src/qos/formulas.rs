@@ -58,7 +58,7 @@ pub fn cpu_weight_quadratic(shares: u64) -> u64 {
     }
     // The `libm` crate, not std's `log2`/`powf`: those are the only calls
     // the plugin makes into libm.so, and linking it costs 0.3-0.6 MiB of
-    // RSS (docs/benchmarks.md, "Memory after a sync"). Same value for every input (tested below).
+    // RSS (docs/dependencies.md). Same value for every input (tested below).
     let l = libm::log2(shares as f64);
     let exponent = (l * l + 125.0 * l) / 612.0 - 7.0 / 34.0;
     // 2 < shares < 262144, so the power is finite, positive and below 10^4.
@@ -193,7 +193,7 @@ mod tests {
         assert_eq!(cpu_weight_linear(262_144), 10_000); // row 13
         assert_eq!(cpu_weight_linear(3584), 137); // row 15
         assert_eq!(cpu_weight_linear(15_872), 606); // row 16
-        assert_eq!(cpu_weight_linear(8192), 313); // PR #139807
+        assert_eq!(cpu_weight_linear(8192), 313); // kubernetes/kubernetes#139807
         assert_eq!(cpu_weight_linear(2048), 79); // row 11
     }
 

@@ -685,7 +685,7 @@ mod tests {
             assert_eq!(u(&d, "memory.high"), t.high.and_then(s), "high {ctx}");
             assert_eq!(d.adjustment.oom_score_adj, t.oom, "oom {ctx}");
         }
-        // Issue 3 asks for at least 40 worked vectors, each naming its source.
+        // At least 40 worked vectors, each naming its source.
         assert!(all.len() >= 40, "{} vectors", all.len());
     }
 

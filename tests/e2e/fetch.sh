@@ -2,7 +2,8 @@
 # Fetch (once) everything the e2e VM needs and cache it under tests/e2e/cache/.
 #
 # Host tools come from the machine's own apt sources. The guest payload
-# (kernel, containerd 1.7.24 and 2.1.9, runc 1.1.15, conmon 2.1.x) comes from Debian through a
+# (kernel and its loop and zram modules, containerd 1.7.24 and 2.1.9, runc
+# 1.1.15, conmon 2.1.x) comes from Debian through a
 # PRIVATE apt configuration, so the machine's own sources and lists stay
 # untouched. The mirror host is read from the machine's /etc/apt at run time.
 set -euo pipefail
@@ -104,8 +105,14 @@ get_deb() {
     rmdir "$tmp"
 }
 
+# Modules of the cloud kernel the guest loads with insmod (no modprobe, no
+# dependency resolution: each is listed after what it needs).
+KERNEL_MODULES=(drivers/block/loop.ko mm/zsmalloc.ko crypto/lzo-rle.ko drivers/block/zram/zram.ko)
+
 kernel() {
-    [ -s "$CACHE/vmlinuz" ] && [ -s "$CACHE/loop.ko" ] && { log "cached kernel"; return; }
+    local m have=1
+    for m in "${KERNEL_MODULES[@]}"; do [ -s "$CACHE/$(basename "$m")" ] || have=0; done
+    [ -s "$CACHE/vmlinuz" ] && [ "$have" = 1 ] && { log "cached kernel"; return; }
     # linux-image-cloud-amd64 depends on the current 6.1 cloud image of bookworm.
     local pkg
     pkg="$(apt-cache "${APT_OPTS[@]}" depends "linux-image-cloud-amd64=$(pick_version linux-image-cloud-amd64 "$KERNEL_SUITE" 6.1)" |
@@ -116,9 +123,12 @@ kernel() {
     tmp="$(mktemp -d)"
     dpkg -x "$DEBS/kernel.deb" "$tmp"
     cp "$tmp"/boot/vmlinuz-* "$CACHE/vmlinuz"
-    # loop (no module dependencies) gives the guest a real filesystem whose page
-    # cache is reclaimable, for the memory-protection scenario
-    cp "$tmp"/lib/modules/*/kernel/drivers/block/loop.ko "$CACHE/loop.ko"
+    # loop gives the guest a real filesystem whose page cache is reclaimable
+    # (scenario protection); zram (with zsmalloc and its lzo-rle compressor)
+    # its swap (scenario swap)
+    for m in "${KERNEL_MODULES[@]}"; do
+        cp "$tmp"/lib/modules/*/kernel/"$m" "$CACHE/$(basename "$m")"
+    done
     rm -rf "$tmp"
 }
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# End-to-end harness: boots the real containerd (1.7.24 and/or 2.1.9) or CRI-O
-# with runc in a small qemu VM (cgroup v2), runs scenarios through the CRI, and
-# checks what the kernel really holds. See tests/e2e/README.md.
+# End-to-end harness: boots the real containerd (1.7.24, 2.1.9, 2.2.7, 2.3.4)
+# or CRI-O with runc in a small qemu VM (cgroup v2), runs scenarios through the
+# CRI, and checks what the kernel really holds. See tests/e2e/README.md.
 #
-#   tests/e2e/run.sh [--containerd 1.7|2.1|crio|all] [--scenario NAME[,NAME...]]
+#   tests/e2e/run.sh [--containerd 1.7|2.1|2.2|2.3|2.2+2.3|crio|all]
+#                    [--scenario NAME[@VERSION][,NAME...]]
 #                    [--plugin prelaunched|external|none] [--timing-pods N]
 #                    [--crictl]            (also drive pods with crictl)
 #                    [--overhead-pods N]   (external plugin: N pods without and N
@@ -48,9 +49,10 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --containerd)
         case "${2:-}" in
-        1.7 | 2.1 | crio) versions=("$2") ;;
+        # 2.2+2.3: one boot, containerd 2.2 then 2.3 (guest.sh switches)
+        1.7 | 2.1 | 2.2 | 2.3 | 2.2+2.3 | crio) versions=("$2") ;;
         all) versions=(1.7 2.1) ;;
-        *) echo "run.sh: --containerd must be 1.7, 2.1, crio or all" >&2; exit 2 ;;
+        *) echo "run.sh: --containerd must be 1.7, 2.1, 2.2, 2.3, 2.2+2.3, crio or all" >&2; exit 2 ;;
         esac
         shift 2 ;;
     --scenario)
@@ -96,7 +98,13 @@ done
 log() { echo "e2e: $*" >&2; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 
-for s in "${scenarios[@]}"; do
+# NAME@VERSION: the scenario runs on that containerd only (e.g. a pod-level
+# resize, which needs 2.3, in a boot with 2.2 and 2.3).
+scenario_files() {
+    local s
+    for s in "${scenarios[@]%@*}"; do echo "$s.json"; done
+}
+for s in "${scenarios[@]%@*}"; do
     [ -f "$HERE/scenarios/$s.json" ] || { log "no scenario file tests/e2e/scenarios/$s.json"; exit 2; }
 done
 
@@ -184,6 +192,41 @@ if [ "$has_crio" = 1 ]; then
     (cd "$ROOT" && cargo build --quiet --example oci-registry)
 fi
 
+# containerd 2.2.7 and 2.3.4 are built from upstream (../shared/tools/README.md):
+# a directory with containerd, containerd-shim-runc-v2 and ctr (each plain or
+# .xz), from NRI_QOS_CONTAINERD_2_2 / NRI_QOS_CONTAINERD_2_3 or beside the
+# repository. 1.7 and 2.1 are Debian's (fetch.sh). Sets CTRD_DIR[$ver] (the
+# unpacked binaries) or CTRD_MISSING[$ver] (why not, for the skip notice).
+declare -A CTRD_DIR=() CTRD_MISSING=() CTRD_UPSTREAM=([2.2]=2.2.7 [2.3]=2.3.4)
+containerd_tools() {
+    local ver="$1" var="NRI_QOS_CONTAINERD_${1/./_}" src out b
+    if [ -z "${CTRD_UPSTREAM[$ver]:-}" ]; then
+        CTRD_DIR[$ver]="$CACHE/root-containerd-$ver/usr/bin"
+        return
+    fi
+    src="${!var:-$ROOT/../shared/tools/bin/containerd-${CTRD_UPSTREAM[$ver]}}"
+    out="$WORK/tools/containerd-$ver"
+    mkdir -p "$out"
+    for b in containerd containerd-shim-runc-v2 ctr; do
+        if [ -f "$src/$b.xz" ]; then
+            [ "$out/$b" -nt "$src/$b.xz" ] ||
+                { xz -dc "$src/$b.xz" >"$out/$b.tmp" && chmod 755 "$out/$b.tmp" && mv "$out/$b.tmp" "$out/$b"; }
+        elif [ -f "$src/$b" ]; then
+            cp "$src/$b" "$out/$b"
+        else
+            CTRD_MISSING[$ver]="containerd ${CTRD_UPSTREAM[$ver]}: no $b or $b.xz in $src (set $var to a directory holding containerd, containerd-shim-runc-v2 and ctr)"
+            return
+        fi
+    done
+    CTRD_DIR[$ver]="$out"
+}
+# The containerd versions of boot $1 ("2.2+2.3": both, one after the other).
+boot_versions() { [ "$1" = crio ] || echo "${1//+/ }"; }
+mkdir -p "$WORK"
+for v in "${versions[@]}"; do
+    for c in $(boot_versions "$v"); do containerd_tools "$c"; done
+done
+
 # --- the Kubernetes API in the guest (scenario kubeapi, opt-in) ---------------------
 # etcd and kubectl from Debian (tests/kube/fetch.sh), kube-apiserver from
 # ../shared/tools; the serving certificate, service-account key and a static
@@ -220,7 +263,7 @@ fi
 if [ "$kube_node" = 1 ]; then
     kube_node_prepare
     VM_MEM="${E2E_VM_MEM:-3072}"
-    VM_TIMEOUT="${E2E_VM_TIMEOUT:-2400}"
+    VM_TIMEOUT="${E2E_VM_TIMEOUT:-3000}"
 fi
 
 # --- image: an OCI layout tar with one busybox layer ----------------------------
@@ -380,7 +423,8 @@ copy_libs() {
 
 build_initramfs() {
     local ver="$1" out="$2"
-    local r="$WORK/rootfs-$ver" cr="$CACHE/root-containerd-$ver"
+    local r="$WORK/rootfs-$ver" first next
+    read -r first next <<<"$(boot_versions "$ver")"
     rm -rf "$r"
     mkdir -p "$r"/{bin,sbin,usr/bin,usr/sbin,lib/x86_64-linux-gnu,lib64,etc/containerd,e2e/bin,e2e/scenarios,e2e/images,opt/nri/plugins,etc/nri/conf.d,root,var/log,var/lib,run}
     ln -s ../run "$r/var/run"
@@ -392,6 +436,7 @@ build_initramfs() {
     cp "$HERE/guest/init" "$r/init"
     cp "$HERE/guest/guest.sh" "$r/e2e/guest.sh"
     cp "$HERE/guest/crictl.sh" "$r/e2e/crictl.sh"
+    cp "$HERE/guest/runtimes.sh" "$HERE/guest/swap.sh" "$r/e2e/"
     chmod 755 "$r/init" "$r/e2e/guest.sh"
     if [ "$ver" = crio ]; then
         cp "$CRIO" "$r/usr/bin/crio"
@@ -405,7 +450,12 @@ build_initramfs() {
         echo '{"default":[{"type":"insecureAcceptAnything"}]}' >"$r/etc/crio/policy.json"
         registries_conf >"$r/etc/containers/registries.conf"
     else
-        cp "$cr/usr/bin/containerd" "$cr/usr/bin/containerd-shim-runc-v2" "$cr/usr/bin/ctr" "$r/usr/bin/"
+        cp "${CTRD_DIR[$first]}"/{containerd,containerd-shim-runc-v2,ctr} "$r/usr/bin/"
+        # the second containerd of a 2.2+2.3 boot: guest.sh puts it in place
+        if [ -n "$next" ]; then
+            mkdir -p "$r/opt/containerd-$next"
+            cp "${CTRD_DIR[$next]}"/{containerd,containerd-shim-runc-v2,ctr} "$r/opt/containerd-$next/"
+        fi
     fi
     [ -z "$CRICTL" ] || cp "$CRICTL" "$r/usr/bin/crictl"
     cp "$CACHE/root-runc/usr/sbin/runc" "$r/usr/bin/runc"
@@ -434,19 +484,21 @@ build_initramfs() {
     cp "$HERE/pressure/run.sh" "$r/e2e/pressure.sh"
     cp "$HERE/pressure/throttle.sh" "$r/e2e/throttle.sh"
     cp "$HERE/pressure/pressure-lib.sh" "$r/e2e/pressure-lib.sh"
-    cp "$CACHE/loop.ko" "$r/e2e/loop.ko"
+    cp "$CACHE"/{loop,zsmalloc,lzo-rle,zram}.ko "$r/e2e/"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
     cp -r "$HERE/scenarios/pods" "$r/e2e/scenarios/"
-    case "$ver" in
+    # 2.2 and 2.3 take 2.1's version 3 file (2.3 migrates it at start)
+    case "$first" in
     1.7) config_17 ;;
-    2.1) config_21 ;;
+    2.*) config_21 ;;
     esac >"$r/etc/containerd/config.toml"
     printf '127.0.0.1 localhost e2e-node\n::1 localhost\n' >"$r/etc/hosts"
     printf 'nameserver 127.0.0.1\n' >"$r/etc/resolv.conf"
     printf 'root:x:0:0:root:/root:/bin/sh\n' >"$r/etc/passwd"
     printf 'root:x:0:\n' >"$r/etc/group"
     {
-        echo "E2E_CONTAINERD=$ver"
+        echo "E2E_CONTAINERD=$first"
+        echo "E2E_NEXT_CONTAINERD=$next"
         echo "E2E_RUNTIME=$([ "$ver" = crio ] && echo crio || echo containerd)"
         echo "E2E_CRICTL=$([ -n "$CRICTL" ] && [ "$crictl" = 1 ] && echo 1 || echo 0)"
         echo "E2E_PLUGIN=$plugin"
@@ -456,7 +508,7 @@ build_initramfs() {
         echo "E2E_SCENARIOS=\"${scenarios[*]}\""
         echo "E2E_TIMING_PODS=$timing_pods"
         echo "E2E_VERBOSE=${E2E_VERBOSE:-0}"
-        echo "E2E_VM_TIMEOUT=$VM_TIMEOUT"
+        echo "E2E_VM_TIMEOUT=$boot_timeout"
         echo "E2E_PRESSURE_BENCH=$pressure_bench"
         echo "E2E_THROTTLE_BENCH=$throttle_bench"
         echo "E2E_BENCH_RUNS=${E2E_BENCH_RUNS:-10}"
@@ -464,7 +516,7 @@ build_initramfs() {
         echo "E2E_BENCH_RATE=${E2E_BENCH_RATE:-256}"
         # scenarios that need reclaimable page cache get /data on a real
         # (ext2 on loop) filesystem
-        if [ ${#scenarios[@]} -gt 0 ] && (cd "$HERE/scenarios" && grep -lE '"(reclaim|sparse_files|files)"' "${scenarios[@]/%/.json}" >/dev/null 2>&1); then
+        if [ ${#scenarios[@]} -gt 0 ] && (cd "$HERE/scenarios" && scenario_files | xargs grep -lE '"(reclaim|sparse_files|files)"' >/dev/null 2>&1); then
             echo "E2E_DISK=1"
         fi
     } >"$r/e2e/env"
@@ -536,7 +588,7 @@ boot_vm() {
     append="$append sysrq_always_enabled"
     [ "$test_freeze" != 1 ] || append="$append e2e.test_freeze=1"
     # (|| true: a qemu killed here is reported by the caller, not by bash's job notices)
-    { timeout --kill-after=10 "$VM_TIMEOUT" qemu-system-x86_64 \
+    { timeout --kill-after=10 "$boot_timeout" qemu-system-x86_64 \
         -accel tcg -cpu max -m "$VM_MEM" -smp "$VM_CPUS" \
         -nographic -no-reboot -nodefaults -serial stdio -display none \
         -name e2e,debug-threads=on \
@@ -583,7 +635,7 @@ parse_console() {
     done_line="$(grep -am1 '^E2E-DONE' "$logf" || true)"
     grep -a '^E2E-CHECK [^ ]* FAIL' "$logf" | sed "s#^#e2e: [$name] #" >&2 || true
     if [ -z "$done_line" ]; then
-        log "[$name] FAIL: the VM did not finish (timeout ${VM_TIMEOUT}s or crash); last console lines:"
+        log "[$name] FAIL: the VM did not finish (timeout ${boot_timeout}s or crash); last console lines:"
         if grep -aq '^E2E-INFO .*watchdog:' "$logf"; then
             # the guest's watchdog said what the runtime and plugin were doing
             awk '/^E2E-INFO .*watchdog:/ { on = 1 } on' "$logf" | head -n 500 | sed "s/^/    /" >&2
@@ -608,12 +660,24 @@ for ver in "${versions[@]}"; do
         summary+=("SKIP $name (missing $CRIO_MISSING)")
         continue
     fi
+    missing_ctrd=""
+    for c in $(boot_versions "$ver"); do
+        [ -z "${CTRD_MISSING[$c]:-}" ] || missing_ctrd="${missing_ctrd:+$missing_ctrd; }${CTRD_MISSING[$c]}"
+    done
+    if [ -n "$missing_ctrd" ]; then
+        log "[$name] SKIP: missing $missing_ctrd"
+        summary+=("SKIP $name (missing $missing_ctrd)")
+        continue
+    fi
+    # E2E_VM_TIMEOUT per containerd version of the boot (2.2+2.3: twice)
+    boot_timeout=$((VM_TIMEOUT * $(boot_versions "$ver" | wc -w)))
+    [ "$ver" != crio ] || boot_timeout=$VM_TIMEOUT
     initrd="$WORK/initramfs-$ver.cpio"
     consolef="$WORK/console-$ver-$plugin.log"
     t0=$(date +%s.%N)
     build_initramfs "$ver" "$initrd"
     t1=$(date +%s.%N)
-    log "[$name] initramfs $(du -h "$initrd" | cut -f1) built in $(elapsed "$t0" "$t1") s; booting (timeout ${VM_TIMEOUT}s)"
+    log "[$name] initramfs $(du -h "$initrd" | cut -f1) built in $(elapsed "$t0" "$t1") s; booting (timeout ${boot_timeout}s)"
     set +e
     # Once more after an early-boot hang or a freeze; a frozen boot's
     # results are discarded. E2E_TEST_FREEZE=1 plays a freeze in the first.

@@ -2,6 +2,7 @@
 //! pod cgroup's protection (the kubelet or us); Synchronize is `sync.rs`.
 
 use super::*;
+use crate::node::cgroup_files::{MEMORY_HIGH, MEMORY_LOW, MEMORY_MIN};
 use crate::nri::view;
 
 impl QosPlugin {
@@ -51,7 +52,7 @@ impl QosPlugin {
     /// plugin first sees the pod, protection already in its cgroup is the
     /// kubelet's (it writes it before creating the sandbox; we only write a
     /// pod after we know it); later the keeper's decision stands, or the
-    /// after-start check's (`after_start.rs`).
+    /// after-start check's (`kubelet_ownership.rs`).
     pub(super) fn kubelet_owns_pod(
         &self,
         pod_id: &str,
@@ -153,9 +154,9 @@ pub(super) fn container_record(
         class: decision.class,
         memory_request: decision.memory_request,
         request_source: decision.request_source,
-        memory_min: bytes("memory.min"),
-        memory_low: bytes("memory.low"),
-        memory_high: bytes("memory.high"),
+        memory_min: bytes(MEMORY_MIN),
+        memory_low: bytes(MEMORY_LOW),
+        memory_high: bytes(MEMORY_HIGH),
         kubelet_memory_qos: pod_facts.kubelet_memory_qos
             || qos::policy::kubelet_memory_qos_keys(&facts.resources),
         oom_score_adj: decision.adjustment.oom_score_adj.or(facts.oom_score_adj),

@@ -582,6 +582,41 @@ fn synchronize_skips_the_containers_below_a_pod_cgroup_without_memory_files() {
     );
 }
 
+/// containerd 2.2 and later show the CRI's `unified` map at creation, so a
+/// started container's cgroup is not read for keys the kubelet hid: even
+/// one holding a memory.min we did not set leaves its pod as it was.
+#[tokio::test]
+async fn a_started_container_is_not_read_where_the_runtime_shows_the_unified_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let p = plugin(root);
+    *lock(&p.runtime) = Some(RuntimeInfo {
+        quirks: RuntimeQuirks::decide("containerd", "v2.2.7", "", true),
+        ..Default::default()
+    });
+    let ctx = TtrpcContext::default();
+    let pod = kubelet_pod(root, "a", 0);
+    let c = in_cgroup(hidden_container("c1", "a"), "/kubepods/burstable/poda/c1");
+    p.state_change(&ctx, event(api::Event::RUN_POD_SANDBOX, &pod, None))
+        .await
+        .unwrap();
+    p.decide_and_record(&pod, &c, Source::Reported);
+    container_files(
+        root,
+        "/kubepods/burstable/poda/c1",
+        &[("memory.min", "268435456")],
+    );
+    p.state_change(
+        &ctx,
+        event(api::Event::POST_START_CONTAINER, &pod, Some(&c)),
+    )
+    .await
+    .unwrap();
+    let reg = lock(&p.registry);
+    assert!(reg.owners.is_empty(), "{:?}", reg.owners);
+    assert!(!reg.containers["c1"].kubelet_memory_qos);
+}
+
 /// At a container's start as in a Synchronize: memory.high on a Guaranteed
 /// container is never the kubelet's, so its file is not even read.
 #[tokio::test]

@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::{decide, Rules, Source};
+use crate::node::cgroup_files::{MEMORY_HIGH, MEMORY_LOW, MEMORY_MIN};
 use crate::node::cgroupfs;
 use crate::node::layout::{container_cgroup_dir, pod_class};
 use crate::node::registry::ContainerRequests;
@@ -15,7 +16,7 @@ use crate::nri::proto::api;
 use crate::qos::{self, QosClass};
 
 /// The protection keys the kubelet's Memory QoS sets on a container.
-const KUBELET_KEYS: [&str; 3] = ["memory.min", "memory.low", "memory.high"];
+const KUBELET_KEYS: [&str; 3] = [MEMORY_MIN, MEMORY_LOW, MEMORY_HIGH];
 
 /// The first of memory.min / memory.low / memory.high that the container
 /// cgroup at `dir` holds although nri-qos did not ask for it and the

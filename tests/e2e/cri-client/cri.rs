@@ -292,6 +292,19 @@ pub struct UpdateContainerResourcesRequest {
     pub annotations: HashMap<String, String>,
 }
 
+/// KEP-1287/5419: what the kubelet sends after it reconfigured a pod's
+/// cgroup for a pod-level resize (containerd 2.3 passes it to NRI plugins as
+/// UpdatePodSandbox / PostUpdatePodSandbox).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct UpdatePodSandboxResourcesRequest {
+    #[prost(string, tag = "1")]
+    pub pod_sandbox_id: String,
+    #[prost(message, optional, tag = "2")]
+    pub overhead: Option<LinuxContainerResources>,
+    #[prost(message, optional, tag = "3")]
+    pub resources: Option<LinuxContainerResources>,
+}
+
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ListContainersRequest {}
 
@@ -492,6 +505,24 @@ impl RuntimeClient {
                     container_id: id.into(),
                     linux: Some(linux),
                     annotations: HashMap::new(),
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn update_pod_sandbox_resources(
+        &mut self,
+        pod_sandbox_id: &str,
+        resources: LinuxContainerResources,
+    ) -> Result<()> {
+        let _: Empty = self
+            .unary(
+                "/runtime.v1.RuntimeService/UpdatePodSandboxResources",
+                UpdatePodSandboxResourcesRequest {
+                    pod_sandbox_id: pod_sandbox_id.into(),
+                    overhead: None,
+                    resources: Some(resources),
                 },
             )
             .await?;

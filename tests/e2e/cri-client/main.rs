@@ -46,6 +46,8 @@ const CGROUP_FILES: &[&str] = &[
     "memory.low",
     "memory.high",
     "memory.max",
+    "memory.swap.max",
+    "memory.oom.group",
 ];
 
 #[derive(Parser)]
@@ -222,9 +224,33 @@ struct PodSpec {
     /// pod-level resources (LinuxPodSandboxConfig.resources), as newer kubelets send
     #[serde(default)]
     resources: Option<Resources>,
+    /// with a manifest with pod-level resources: the same pod resized at the
+    /// pod level (KEP-5419), done after its containers started as the
+    /// kubelet does it (pod cgroup, UpdatePodSandboxResources, then
+    /// UpdateContainerResources where a container's values follow) and
+    /// checked against explain's prediction for it (`@pod-resized`)
+    #[serde(default)]
+    pod_resize_manifest: Option<String>,
+    /// the pod cgroup values the kubelet writes before RunPodSandbox
+    /// (a manifest with pod-level resources)
+    #[serde(skip)]
+    pod_cgroup: BTreeMap<String, String>,
+    #[serde(skip)]
+    pod_resize: Option<PodResize>,
     /// with a manifest: per-container overrides (command, mounts, unified, expect)
     #[serde(default)]
     containers: Vec<ContainerSpec>,
+}
+
+/// What the kubelet does for a pod-level resize (from `pod_resize_manifest`).
+#[derive(Debug, Clone)]
+struct PodResize {
+    /// UpdatePodSandboxResources' `resources`
+    resources: Resources,
+    /// the pod cgroup, written first
+    pod_cgroup: BTreeMap<String, String>,
+    /// UpdateContainerResources per container whose values change
+    containers: BTreeMap<String, Resources>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -258,6 +284,11 @@ struct Scenario {
     /// (`nri-qos explain --request-source api-server`)
     #[serde(default)]
     request_source: Option<String>,
+    /// the kubelet's `memorySwap.swapBehavior`: `LimitedSwap` gives
+    /// Burstable containers memory.swap.max from the node's SwapTotal (the
+    /// guest turns swap on first); absent: NoSwap (memory.swap.max 0)
+    #[serde(default)]
+    swap: Option<String>,
 }
 
 fn make_files(files: &BTreeMap<String, u64>, sparse: &BTreeMap<String, u64>) -> Result<()> {
@@ -326,14 +357,19 @@ fn check(name: &str, ok: bool, details: &str) -> bool {
 }
 
 fn mem_total_bytes() -> Result<i64> {
+    meminfo_bytes("MemTotal")
+}
+
+/// A /proc/meminfo value in bytes.
+fn meminfo_bytes(key: &str) -> Result<i64> {
     let text = std::fs::read_to_string("/proc/meminfo")?;
     for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("MemTotal:") {
+        if let Some(rest) = line.strip_prefix(key).and_then(|r| r.strip_prefix(':')) {
             let kb: i64 = rest.trim().trim_end_matches("kB").trim().parse()?;
             return Ok(kb * 1024);
         }
     }
-    bail!("no MemTotal in /proc/meminfo")
+    bail!("no {key} in /proc/meminfo")
 }
 
 /// kubelet pkg/kubelet/qos/policy.go GetContainerOOMScoreAdjust for Burstable.
@@ -401,7 +437,12 @@ impl Resources {
         );
         m.insert("oom_score_adj".into(), self.oom()?.to_string());
         for (k, v) in &self.unified {
-            m.insert(k.clone(), v.clone());
+            // the kernel keeps memory.swap.max in whole pages
+            let v = match (k.as_str(), v.parse::<u64>()) {
+                ("memory.swap.max", Ok(b)) => (b - b % 4096).to_string(),
+                _ => v.clone(),
+            };
+            m.insert(k.clone(), v);
         }
         Ok(m)
     }
@@ -810,8 +851,15 @@ async fn run_scenario(
         Some("api-server") => true,
         Some(other) => anyhow::bail!("{name}: request_source {other:?} (api-server or runtime)"),
     };
+    let swap = match scenario.swap.as_deref() {
+        None | Some("NoSwap") => manifest::Swap::NoSwap,
+        Some("LimitedSwap") => manifest::Swap::Limited {
+            swap_total: meminfo_bytes("SwapTotal")? as u64,
+        },
+        Some(other) => anyhow::bail!("{name}: swap {other:?} (LimitedSwap or NoSwap)"),
+    };
     for pod in &mut scenario.pods {
-        let predicted = manifest::expand(pod, dir, mem_total, api_server)
+        let predicted = manifest::expand(pod, dir, mem_total, api_server, swap)
             .with_context(|| format!("scenario {name}, pod {}", pod.name))?;
         if !expect_explain {
             continue;
@@ -835,6 +883,11 @@ async fn run_scenario(
     let oom_kills_before = steps::kernel_oom_kills();
     for pod in &scenario.pods {
         let t0 = Instant::now();
+        if !pod.pod_cgroup.is_empty() {
+            // the kubelet makes the pod cgroup with its pod-level limits first
+            let cg = BTreeMap::from([(pod.cgroup_parent.clone(), pod.pod_cgroup.clone())]);
+            all_ok &= precreate_cgroups(&cg);
+        }
         let cfg = sandbox_config(pod)?;
         let pod_id = match client.run_pod_sandbox(cfg.clone()).await {
             Ok(id) => id,
@@ -906,6 +959,13 @@ async fn run_scenario(
                 }
             }
         }
+        if let Some(r) = &pod.pod_resize {
+            let running = Running {
+                ids: &ids,
+                pids: &pids,
+            };
+            all_ok &= resize_pod(client, &name, pod, r, &pod_id, running, &expect).await?;
+        }
     }
     if !scenario.steps.is_empty() {
         let mut ctx = steps::Context {
@@ -947,6 +1007,70 @@ async fn run_scenario(
         );
     }
     Ok(all_ok)
+}
+
+/// The running containers of a scenario ("pod/ctr" -> id, pid).
+struct Running<'a> {
+    ids: &'a BTreeMap<String, String>,
+    pids: &'a BTreeMap<String, u32>,
+}
+
+/// A pod-level resize the way the kubelet actuates an increase (KEP-5419):
+/// the pod cgroup first, then UpdatePodSandboxResources (after the pod
+/// cgroup, as KEP-1287 has it; the runtime tells its NRI plugins), then
+/// UpdateContainerResources for each container whose values follow the
+/// pod's. The values after the sandbox update alone are reported
+/// (`@pod-updated`); those at the end are checked (`@pod-resized`).
+async fn resize_pod(
+    client: &mut RuntimeClient,
+    scenario: &str,
+    pod: &PodSpec,
+    r: &PodResize,
+    pod_id: &str,
+    running: Running<'_>,
+    expect: &Option<serde_json::Map<String, Value>>,
+) -> Result<bool> {
+    let mut ok = precreate_cgroups(&BTreeMap::from([(
+        pod.cgroup_parent.clone(),
+        r.pod_cgroup.clone(),
+    )]));
+    let started = Instant::now();
+    let sandbox = client
+        .update_pod_sandbox_resources(pod_id, r.resources.to_cri()?)
+        .await;
+    ok &= check(
+        &format!("{}.update_pod_sandbox_resources", pod.name),
+        sandbox.is_ok(),
+        &match &sandbox {
+            Ok(()) => format!("answered in {} ms", started.elapsed().as_millis()),
+            Err(e) => format!("{e:#}"),
+        },
+    );
+    let containers = pod.containers.iter().filter(|c| !c.run_to_completion);
+    let phases: [(&str, &Option<serde_json::Map<String, Value>>); 2] =
+        [("pod-updated", &None), ("pod-resized", expect)];
+    for (phase, expect) in phases {
+        if phase == "pod-resized" {
+            for (ctr, upd) in &r.containers {
+                let key = format!("{}/{ctr}", pod.name);
+                let Some(id) = running.ids.get(&key) else {
+                    continue;
+                };
+                if let Err(e) = client.update_container_resources(id, upd.to_cri()?).await {
+                    ok &= check(&format!("{key}.update"), false, &format!("{e:#}"));
+                }
+            }
+        }
+        for c in containers.clone() {
+            let key = format!("{}/{}", pod.name, c.name);
+            let (Some(id), Some(pid)) = (running.ids.get(&key), running.pids.get(&key)) else {
+                continue;
+            };
+            let requested = r.containers.get(&c.name).unwrap_or(&c.resources);
+            ok &= report_and_check(scenario, pod, c, phase, id, *pid, requested, expect, false)?;
+        }
+    }
+    Ok(ok)
 }
 
 /// CreateContainer + StartContainer; the pid of a running container, 0 for
@@ -1022,6 +1146,9 @@ async fn timing(
             resources: None,
             manifest: None,
             resize_manifest: None,
+            pod_resize_manifest: None,
+            pod_cgroup: BTreeMap::new(),
+            pod_resize: None,
             containers: vec![ContainerSpec {
                 name: "app".into(),
                 image: Some(image.into()),

@@ -70,6 +70,24 @@ pub struct MemoryCheck {
     /// memory.max by the throttle guard, or left alone
     #[serde(default)]
     pub memory_high: Option<String>,
+    /// memory.swap.current at least this many bytes (it was reclaimed
+    /// into swap)
+    #[serde(default)]
+    pub min_swap_current: Option<u64>,
+    /// memory.pressure `some avg10` at most this (percent): not stalled
+    #[serde(default)]
+    pub max_psi_some_avg10: Option<f64>,
+}
+
+/// `some avg10` of a cgroup's memory.pressure (percent).
+fn psi_some_avg10(dir: &Path) -> Option<f64> {
+    read_trim(&dir.join("memory.pressure"))
+        .lines()
+        .find_map(|l| l.strip_prefix("some "))?
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("avg10="))?
+        .parse()
+        .ok()
 }
 
 /// /proc/vmstat `oom_kill`: kernel OOM kills since boot.
@@ -360,6 +378,33 @@ impl Context<'_> {
                         read_trim(&dir.join("memory.max")),
                         ev.get("high").copied().unwrap_or(0)
                     ),
+                );
+            }
+            let swap = format!(
+                "memory.swap.current {}, memory.swap.max {}, memory.pressure some avg10 {:?}, memory.events high {} max {}, memory.high {}",
+                read_trim(&dir.join("memory.swap.current")),
+                read_trim(&dir.join("memory.swap.max")),
+                psi_some_avg10(&dir),
+                ev.get("high").copied().unwrap_or(0),
+                ev.get("max").copied().unwrap_or(0),
+                read_trim(&dir.join("memory.high")),
+            );
+            if let Some(min) = want.min_swap_current {
+                let got: u64 = read_trim(&dir.join("memory.swap.current"))
+                    .parse()
+                    .unwrap_or(0);
+                ok &= check(
+                    &format!("{key}.swapped"),
+                    got >= min,
+                    &format!("{swap}; must have >= {min} in swap"),
+                );
+            }
+            if let Some(max) = want.max_psi_some_avg10 {
+                let got = psi_some_avg10(&dir);
+                ok &= check(
+                    &format!("{key}.psi_low"),
+                    got.is_some_and(|p| p <= max),
+                    &format!("{swap}; some avg10 <= {max}"),
                 );
             }
             if let Some(max) = want.max_low_events {

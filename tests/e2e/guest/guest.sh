@@ -7,6 +7,10 @@ set -u
 export PATH=/usr/bin:/usr/sbin:/bin:/sbin
 # shellcheck source=/dev/null
 . /e2e/env
+# The second containerd of a 2.2+2.3 boot (next_containerd in runtimes.sh);
+# the resilience sequence runs with the last one.
+[ -z "${E2E_PHASE2:-}" ] || { E2E_CONTAINERD="$E2E_NEXT_CONTAINERD" E2E_NEXT_CONTAINERD=""; }
+[ -z "${E2E_NEXT_CONTAINERD:-}" ] || E2E_RESILIENCE=0
 exec >/dev/console 2>&1
 echo # the firmware leaves escape codes on the console line; start a clean one
 
@@ -21,6 +25,10 @@ finish() {
     reboot -f
 }
 
+# The node is set up once per boot. A boot with two containerd versions
+# (run.sh --containerd 2.2+2.3) runs this script a second time for the
+# second one (E2E_PHASE2=1, see next_containerd), from the runtime on.
+if [ -z "${E2E_PHASE2:-}" ]; then
 mount -t proc proc /proc 2>/dev/null
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev 2>/dev/null || true
@@ -58,6 +66,7 @@ for c in $controllers; do echo "+$c" >/sys/fs/cgroup/cgroup.subtree_control 2>/d
 check vm.cgroup2 "$([ -f /sys/fs/cgroup/cgroup.subtree_control ] && echo PASS || echo FAIL)" "controllers: $controllers"
 check vm.psi "$([ -f /sys/fs/cgroup/memory.pressure ] || [ -f /proc/pressure/memory ] && echo PASS || echo FAIL)" ""
 info "MemTotal $(awk '/MemTotal/ {print $2}' /proc/meminfo) kB"
+fi # node set up
 
 # A Kubernetes node (run.sh --kube-node): tests/e2e/kube/guest/node.sh runs
 # the rest of this boot, its own runtime start and nri-qos install included.
@@ -105,6 +114,11 @@ if [ "$E2E_PLUGIN" != none ]; then
     # The memory-pressure monitor runs in the plugin process, fed its pods.
     mkdir -p /etc/nri-qos
     printf '[plugin]\nlog-file = "/var/log/nri-qos.log"\nlog-level = "nri_qos=debug"\nwith-monitor = true\n' >/etc/nri-qos/nri-qos.toml
+    # containerd 2.2/2.3: nri_qos_events_total{event,path} says which RPC
+    # each event came by (runtimes.sh, event_paths).
+    case "${E2E_RUNTIME:-containerd}/$E2E_CONTAINERD" in
+    containerd/2.2 | containerd/2.3) printf '[metrics]\nenabled = true\n' >>/etc/nri-qos/nri-qos.toml ;;
+    esac
 fi
 # kubeapi: etcd and kube-apiserver on the guest's loopback, started before the
 # runtime (which launches the pre-launched plugin), and the plugin configured
@@ -243,7 +257,7 @@ watchdog() {
     dump_logs
 }
 
-watchdog &
+[ -n "${E2E_PHASE2:-}" ] || watchdog &
 
 # CPU time of every thread of process $1 in ns (schedstat).
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'; }
@@ -259,7 +273,7 @@ audit() {
     fi
 }
 
-if [ "${E2E_DISK:-0}" = 1 ]; then
+if [ "${E2E_DISK:-0}" = 1 ] && [ -z "${E2E_PHASE2:-}" ]; then
     # /data: ext2 over a loop device. Unlike tmpfs, page cache of its files can
     # be reclaimed without swap (the loop's tmpfs backing is charged to whoever
     # wrote it: the node, before the pods start).
@@ -343,7 +357,7 @@ else
     info "no NRI socket (NRI disabled?)"
 fi
 
-rc=0
+rc="${E2E_PHASE1_RC:-0}"
 plugin_pid=""
 case "$E2E_PLUGIN" in
 external)
@@ -403,6 +417,9 @@ prelaunched)
         check plugin.prelaunched PASS "running as pid $pid"
     else
         check plugin.prelaunched FAIL "not running; containerd log: $(grep -i nri /var/log/containerd.log | tail -n 3 | tr '\n' ' ')"
+        # how far the plugin got before containerd gave up on it
+        grep -ai 'nri' /var/log/containerd.log | tail -n 15
+        tail -n 15 /var/log/nri-qos.log 2>/dev/null
         rc=1
     fi
     ;;
@@ -656,7 +673,8 @@ restart_containerd() {
     while [ ! -S /var/run/nri/nri.sock ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
 }
 
-# Restarts containerd and waits (at most 30 s) until our log gains a line
+# Restarts containerd and waits (at most 60 s: containerd 2.3 on a busy
+# machine took 20 s to start the plugin) until our log gains a line
 # matching $1, written by the pre-launched plugin process it starts. Sets
 # $new (that pid, or empty), $before (matching lines before) and $waited_s;
 # true when a process other than $2 is running and the line came.
@@ -664,7 +682,7 @@ relaunch_plugin() {
     before="$(log_count "$1")"
     restart_containerd
     i=0
-    while [ "$(log_count "$1")" -le "$before" ] && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+    while [ "$(log_count "$1")" -le "$before" ] && [ $i -lt 300 ]; do sleep 0.2; i=$((i + 1)); done
     waited_s="$((i / 5)).$((i % 5 * 2))"
     new="$(pid_of /opt/nri/plugins/10-nri-qos || true)"
     [ -n "$new" ] && [ "$new" != "$2" ] && [ "$(log_count "$1")" -gt "$before" ]
@@ -694,8 +712,20 @@ memoryqos_restart() {
     fi
 }
 
+# shellcheck source=tests/e2e/guest/runtimes.sh
+. /e2e/runtimes.sh
+# shellcheck source=tests/e2e/guest/swap.sh
+. /e2e/swap.sh
+if [ "$E2E_PLUGIN" != none ] && opens_trace_on; then opens_tracing=1; fi
 for s in $E2E_SCENARIOS; do
+    # NAME@VERSION: on that containerd only
+    case "$s" in
+    *@*) [ "${s#*@}" = "$E2E_CONTAINERD" ] || continue; s="${s%@*}" ;;
+    esac
     info "scenario $s: start"
+    opens_start "$s"
+    scenario_pids="$(pid_of /opt/nri/plugins/10-nri-qos) $plugin_pid"
+    wants_swap "$s" && swap_on
     [ "$s" = kubeapi ] && kube_pods
     log_from=$(( $(wc -l </var/log/nri-qos.log 2>/dev/null || echo 0) + 1 ))
     set -- run "/e2e/scenarios/$s.json"
@@ -704,9 +734,12 @@ for s in $E2E_SCENARIOS; do
         set -- "$@" --expect-cri
     else
         # With nri-qos every value must be what `nri-qos explain` predicts;
-        # an expected-values file (per-version first) overrides single values.
+        # an expected-values file (per-version first, then for runtimes that
+        # show plugins the unified map) overrides single values.
         set -- "$@" --expect-explain
-        for f in "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json" "/e2e/scenarios/$s.expected.json"; do
+        unified="/e2e/scenarios/$s.expected-unified.json"
+        shows_unified || unified=""
+        for f in "/e2e/scenarios/$s.expected-$E2E_CONTAINERD.json" $unified "/e2e/scenarios/$s.expected.json"; do
             if [ -f "$f" ]; then set -- "$@" --expect "$f"; break; fi
         done
     fi
@@ -715,16 +748,23 @@ for s in $E2E_SCENARIOS; do
     else
         # Keep the pods for the audit, then clean up.
         /e2e/bin/cri-client "$@" --keep || rc=1
+        [ "$s" = restart ] && restart_keeps_ours "$log_from"
         [ "$s" = memoryqos ] && memoryqos_restart
         [ "$s" = kubeletqos ] && kubelet_qos_window
         [ "$s" = throttle ] && { throttle_relax_route "$log_from"; throttle_psi_only "$log_from"; }
         [ "$s" = kubeapi ] && kube_checks "$log_from"
+        [ "$s" = swap ] && swap_checks "$log_from" "$scenario_pids $(pid_of /opt/nri/plugins/10-nri-qos)"
+        opens_stop
+        ownership_reads "$s" "$scenario_pids $(pid_of /opt/nri/plugins/10-nri-qos) ${new:-}"
         audit "$s"
         /e2e/bin/cri-client cleanup || rc=1
         monitor_actions "$log_from"
     fi
+    opens_stop
+    wants_swap "$s" && swap_off
     info "scenario $s: end"
 done
+dedicated_rpcs
 
 # Pods created while no plugin runs must still start, with the runtime's own
 # values (our policy never stands between the kubelet and a pod). $1: the
@@ -846,6 +886,7 @@ if [ -n "$plugin_pid" ]; then
         rc=1
     fi
 fi
+next_containerd
 if [ $rc -ne 0 ] || [ "${E2E_VERBOSE:-0}" = 1 ]; then
     dump_logs
 fi

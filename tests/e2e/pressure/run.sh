@@ -1,5 +1,5 @@
 #!/bin/sh
-# In-VM measurement of `nri-qos monitor` (issue 7), run by the e2e guest when
+# In-VM measurement of `nri-qos monitor`, run by the e2e guest when
 # scripts/bench-pressure.sh boots the VM. Busybox sh; root; cgroup v2. Never
 # run it on a shared machine: it creates cgroups under $CGROUP_ROOT and eats
 # the node's memory.

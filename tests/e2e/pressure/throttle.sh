@@ -1,5 +1,5 @@
 #!/bin/sh
-# In-VM measurement of the monitor's memory.high throttle guard (issue 15),
+# In-VM measurement of the monitor's memory.high throttle guard,
 # run by the e2e guest when scripts/bench-throttle.sh boots the VM. Busybox
 # sh; root; cgroup v2; no swap. Never run it on a shared machine: it creates
 # cgroups under $CGROUP_ROOT.

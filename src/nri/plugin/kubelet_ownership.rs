@@ -6,9 +6,16 @@
 
 use std::path::Path;
 
-use super::*;
-use crate::node::layout::{container_cgroup_dir_in, pod_class};
+use tracing::info;
+
+use super::api;
+use super::QosPlugin;
+use crate::node::cgroupfs::Owner;
+use crate::node::layout::{container_cgroup_dir_in, pod_cgroups, pod_class};
+use crate::node::lock;
+use crate::node::registry::Registry;
 use crate::nri::view::{hidden_kubelet_key, only_the_kubelets};
+use crate::qos::{self, PolicyConfig};
 
 impl QosPlugin {
     /// PostStartContainer: a started container whose cgroup holds a
@@ -18,7 +25,9 @@ impl QosPlugin {
     /// class count ([`crate::nri::view::kubelet_may_set`]). A few small reads, once per
     /// container until its pod is decided.
     pub(super) fn learn_owner_after_start(&self, container: &api::Container) {
-        if !self.owners_from_tree(&self.live().policy) {
+        // A runtime that shows the CRI's `unified` map (NRI v0.10 on) showed
+        // the kubelet's keys at creation: nothing is hidden to read.
+        if !self.owners_from_tree(&self.live().policy) || self.quirks().shows_unified {
             return;
         }
         let (pod_id, parent, path, known) = {

@@ -2,7 +2,7 @@
 //! set on a container only works if every ancestor carries it too, and no
 //! runtime writes those ancestors.
 
-pub mod keeper;
+pub mod hierarchy;
 pub mod plan;
 
-pub use keeper::{HierarchyConfig, Keeper};
+pub use hierarchy::{run, HierarchyConfig, Keeper};

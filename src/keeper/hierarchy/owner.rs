@@ -6,21 +6,39 @@ use std::path::Path;
 use tracing::info;
 
 use super::Keeper;
-use crate::cgroup::plan;
+use crate::keeper::plan;
 use crate::node::cgroupfs::{exceeds, Owner, Protection};
 use crate::qos::KubeletMemoryQos;
 
+/// Whether what the keeper knows besides the tree says the kubelet protects
+/// a cgroup: the runtime showed a pod's container with its Memory QoS, or
+/// one of a parent's pods is the kubelet's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum KubeletSignal {
+    Present,
+    Absent,
+}
+
+/// What a value found in a cgroup nri-qos never wrote says about its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FoundValue {
+    /// Above anything nri-qos would write: the kubelet wrote it (pod
+    /// cgroups, which the kubelet protects before their sandbox exists).
+    KubeletsIfAboveTargets,
+    /// Ours to change from now on (QoS and kubepods cgroups).
+    Adopted,
+}
+
 impl Keeper {
-    /// Decides (or confirms) who owns `cg`. `kubelet_signal`: the runtime's
-    /// view says the kubelet protects it; `tree_check`: whether a value on
-    /// disk above anything we would write counts before we ever wrote there.
+    /// Decides (or confirms) who owns `cg`, whose protection is `current`
+    /// and whose targets nri-qos would write are `targets`.
     pub(super) fn decide_owner(
         &mut self,
         cg: &Path,
-        kubelet_signal: bool,
+        signal: KubeletSignal,
         current: Protection,
         targets: &[Protection],
-        tree_check: bool,
+        found: FoundValue,
     ) -> Owner {
         let before = self.owners.get(cg).copied();
         if before == Some(Owner::Kubelet) {
@@ -31,11 +49,11 @@ impl Keeper {
             KubeletMemoryQos::Alpha | KubeletMemoryQos::Tiered => true,
             KubeletMemoryQos::None => false,
             KubeletMemoryQos::Auto => {
-                kubelet_signal
+                signal == KubeletSignal::Present
                     || match ours {
                         Some(_) => plan::foreign(current, ours, targets),
                         None => {
-                            tree_check
+                            found == FoundValue::KubeletsIfAboveTargets
                                 && exceeds(
                                     current,
                                     targets.iter().copied().fold(Protection::default(), |a, t| {

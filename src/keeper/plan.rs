@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::node::cgroup_files::{MEMORY_LOW, MEMORY_MIN};
 use crate::node::cgroupfs::{Protection, PAGE_SIZE};
 use crate::node::layout::PodCgroups;
 
@@ -109,8 +110,8 @@ pub fn ordered_writes(
     for (cg, want) in targets {
         let have = current.get(cg).copied().unwrap_or_default();
         for (file, w, h) in [
-            ("memory.min", want.min, have.min),
-            ("memory.low", want.low, have.low),
+            (MEMORY_MIN, want.min, have.min),
+            (MEMORY_LOW, want.low, have.low),
         ] {
             let write = Write {
                 cgroup: cg.clone(),

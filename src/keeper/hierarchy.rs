@@ -17,7 +17,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 
-use super::plan::{self, PodProtection, Write};
+use super::plan::{self, PodProtection, Targets, Write};
+use crate::node::cgroup_files::MEMORY_MIN;
 use crate::node::cgroupfs::{read_populated, read_protection, Owner, Protection};
 use crate::node::layout::{pod_cgroups, PodCgroups};
 use crate::node::registry::{within_pod_limit, Registry};
@@ -26,6 +27,8 @@ use crate::qos::KubeletMemoryQos;
 
 mod owner;
 mod task;
+
+use owner::{FoundValue, KubeletSignal};
 
 pub use task::run;
 
@@ -273,10 +276,7 @@ impl Keeper {
             self.cfg.reserve_bytes,
             self.cfg.budget_share,
         );
-        // Decisions about cgroups that are gone go with them.
-        let root = self.root.clone();
-        self.owners.retain(|cg, _| root.join(cg).exists());
-        self.ours.retain(|cg, _| root.join(cg).exists());
+        self.forget_removed_cgroups();
         let unknown = self.unknown_pods(pods);
         if !unknown.is_empty() {
             debug!(
@@ -285,96 +285,17 @@ impl Keeper {
             );
         }
         let all: Vec<PodProtection> = pods.iter().chain(&unknown).cloned().collect();
-        let first = plan::targets(&all, budget);
-        let unscaled = plan::targets(&all, u64::MAX);
-        // Pod cgroups first: the kubelet owns a pod when a container came
-        // with its Memory QoS, or the cgroup holds protection we did not
-        // write (checked from the start: the kubelet writes a pod's values
-        // before its sandbox exists, and our own value from before a
-        // restart is never above what we would write now).
-        let mut kubelet_pods = Vec::new();
-        for p in pods {
-            let cg = &p.cgroups.pod;
-            if !self.root.join(cg).join("memory.min").exists() {
-                continue;
-            }
-            let current = self.read_protection(cg);
-            let targets =
-                [&first, &unscaled].map(|t| t.by_cgroup.get(cg).copied().unwrap_or_default());
-            if self.decide_owner(cg, p.kubelet, current, &targets, true) == Owner::Kubelet {
-                kubelet_pods.push(p.cgroups.clone());
-            }
-        }
-        // Kubelet-owned pods count in their parents with what they carry.
-        let all: Vec<PodProtection> = all
-            .into_iter()
-            .map(|mut p| {
-                if self.owners.get(&p.cgroups.pod) == Some(&Owner::Kubelet) {
-                    let cur = self.read_protection(&p.cgroups.pod);
-                    p.memory_min = cur.min;
-                    p.memory_low = cur.low;
-                }
-                p
-            })
-            .collect();
+        let kubelet_pods = self.decide_pod_owners(pods, &all, budget);
+        let all = self.with_kubelets_values(all);
         let mut t = plan::targets(&all, budget);
         for p in &unknown {
             t.by_cgroup.remove(&p.cgroups.pod);
         }
-        // Only cgroups that exist: we never create what the kubelet owns.
-        let mut missing = 0;
-        t.by_cgroup.retain(|cg, _| {
-            let exists = join_inside(&self.root, cg).is_ok_and(|d| d.join("memory.min").exists());
-            if !exists {
-                missing += 1;
-            }
-            exists
-        });
-        // QoS and kubepods: the kubelet's as soon as one of its pods is, or
-        // once a value we wrote there changes under us.
-        let parents: Vec<(PathBuf, Protection)> = t
-            .by_cgroup
-            .iter()
-            .filter(|(cg, _)| all.iter().all(|p| &p.cgroups.pod != *cg))
-            .map(|(cg, want)| (cg.clone(), *want))
-            .collect();
-        for (cg, want) in parents {
-            let signal = kubelet_pods
-                .iter()
-                .any(|p| p.kubepods == cg || p.qos.as_ref() == Some(&cg));
-            let current = self.read_protection(&cg);
-            self.decide_owner(&cg, signal, current, &[want], false);
-        }
-        let before = t.by_cgroup.len();
-        t.by_cgroup
-            .retain(|cg, _| self.owners.get(cg) != Some(&Owner::Kubelet));
-        let kubelet_owned = before - t.by_cgroup.len();
-        if t.scaled && !self.warned_budget {
-            warn!(
-                requested = t.requested,
-                budget = t.budget,
-                "memory requests exceed the protection budget; scaling pod and QoS protection down proportionally"
-            );
-            self.warned_budget = true;
-        } else if !t.scaled {
-            self.warned_budget = false;
-        }
-        // A budget that scales everything to 0 is a misconfiguration (or a
-        // bug), never a reason to strip every pod of its protection.
-        let all_zero =
-            !t.by_cgroup.is_empty() && t.by_cgroup.values().all(|p| p.min == 0 && p.low == 0);
-        if t.scaled && all_zero {
-            if !self.warned_zero_budget {
-                error!(
-                    requested = t.requested,
-                    budget = t.budget,
-                    mem_total = self.mem_total,
-                    reserve_bytes = self.cfg.reserve_bytes,
-                    budget_share = self.cfg.budget_share,
-                    "the protection budget leaves nothing to protect; keeping the current pod and QoS protection instead of lowering it to 0"
-                );
-                self.warned_zero_budget = true;
-            }
+        let missing = self.keep_existing(&mut t);
+        self.decide_parent_owners(&t, &all, &kubelet_pods);
+        let kubelet_owned = self.leave_the_kubelets(&mut t);
+        self.warn_once_when_scaled(&t);
+        if self.refuses_zero_budget(&t) {
             self.stats.passes += 1;
             return PassReport {
                 missing,
@@ -385,8 +306,6 @@ impl Keeper {
                 ..Default::default()
             };
         }
-        self.warned_zero_budget = false;
-        let current = self.current(&t.by_cgroup);
         let mut report = PassReport {
             missing,
             kubelet_owned,
@@ -395,11 +314,165 @@ impl Keeper {
             budget: t.budget,
             ..Default::default()
         };
+        self.write_targets(&t, &mut report);
+        self.stats.passes += 1;
+        self.stats.writes += report.written as u64;
+        self.stats.failed_writes += report.failed as u64;
+        report
+    }
+
+    /// Decisions about cgroups that are gone go with them.
+    fn forget_removed_cgroups(&mut self) {
+        let root = self.root.clone();
+        self.owners.retain(|cg, _| root.join(cg).exists());
+        self.ours.retain(|cg, _| root.join(cg).exists());
+    }
+
+    /// Pod cgroups first: the kubelet owns a pod when a container came with
+    /// its Memory QoS, or the cgroup holds protection we did not write
+    /// (checked from the start: the kubelet writes a pod's values before its
+    /// sandbox exists, and our own value from before a restart is never
+    /// above what we would write now). Returns the kubelet's pods.
+    fn decide_pod_owners(
+        &mut self,
+        pods: &[PodProtection],
+        all: &[PodProtection],
+        budget: u64,
+    ) -> Vec<PodCgroups> {
+        let first = plan::targets(all, budget);
+        let unscaled = plan::targets(all, u64::MAX);
+        let mut kubelet_pods = Vec::new();
+        for p in pods {
+            let cg = &p.cgroups.pod;
+            if !self.root.join(cg).join(MEMORY_MIN).exists() {
+                continue;
+            }
+            let current = self.read_protection(cg);
+            let targets =
+                [&first, &unscaled].map(|t| t.by_cgroup.get(cg).copied().unwrap_or_default());
+            let signal = if p.kubelet {
+                KubeletSignal::Present
+            } else {
+                KubeletSignal::Absent
+            };
+            let found = FoundValue::KubeletsIfAboveTargets;
+            if self.decide_owner(cg, signal, current, &targets, found) == Owner::Kubelet {
+                kubelet_pods.push(p.cgroups.clone());
+            }
+        }
+        kubelet_pods
+    }
+
+    /// Kubelet-owned pods count in their parents with what they carry.
+    fn with_kubelets_values(&self, all: Vec<PodProtection>) -> Vec<PodProtection> {
+        all.into_iter()
+            .map(|mut p| {
+                if self.owners.get(&p.cgroups.pod) == Some(&Owner::Kubelet) {
+                    let cur = self.read_protection(&p.cgroups.pod);
+                    p.memory_min = cur.min;
+                    p.memory_low = cur.low;
+                }
+                p
+            })
+            .collect()
+    }
+
+    /// Only cgroups that exist: we never create what the kubelet owns.
+    /// Returns how many targets were dropped for a missing cgroup.
+    fn keep_existing(&self, t: &mut Targets) -> usize {
+        let mut missing = 0;
+        t.by_cgroup.retain(|cg, _| {
+            let exists = join_inside(&self.root, cg).is_ok_and(|d| d.join(MEMORY_MIN).exists());
+            if !exists {
+                missing += 1;
+            }
+            exists
+        });
+        missing
+    }
+
+    /// QoS and kubepods: the kubelet's as soon as one of its pods is, or
+    /// once a value we wrote there changes under us.
+    fn decide_parent_owners(
+        &mut self,
+        t: &Targets,
+        all: &[PodProtection],
+        kubelet_pods: &[PodCgroups],
+    ) {
+        let parents = t
+            .by_cgroup
+            .iter()
+            .filter(|(cg, _)| all.iter().all(|p| &p.cgroups.pod != *cg));
+        for (cg, want) in parents {
+            let signal = if kubelet_pods
+                .iter()
+                .any(|p| &p.kubepods == cg || p.qos.as_ref() == Some(cg))
+            {
+                KubeletSignal::Present
+            } else {
+                KubeletSignal::Absent
+            };
+            let current = self.read_protection(cg);
+            self.decide_owner(cg, signal, current, &[*want], FoundValue::Adopted);
+        }
+    }
+
+    /// Drops the targets of cgroups the kubelet owns; returns how many.
+    fn leave_the_kubelets(&self, t: &mut Targets) -> usize {
+        let before = t.by_cgroup.len();
+        t.by_cgroup
+            .retain(|cg, _| self.owners.get(cg) != Some(&Owner::Kubelet));
+        before - t.by_cgroup.len()
+    }
+
+    /// Says once that the budget scales protection down, again after it
+    /// stopped doing so.
+    fn warn_once_when_scaled(&mut self, t: &Targets) {
+        if t.scaled && !self.warned_budget {
+            warn!(
+                requested = t.requested,
+                budget = t.budget,
+                "memory requests exceed the protection budget; scaling pod and QoS protection down proportionally"
+            );
+            self.warned_budget = true;
+        } else if !t.scaled {
+            self.warned_budget = false;
+        }
+    }
+
+    /// A budget that scales everything to 0 is a misconfiguration (or a
+    /// bug), never a reason to strip every pod of its protection: true when
+    /// this pass must write nothing for that reason.
+    fn refuses_zero_budget(&mut self, t: &Targets) -> bool {
+        let all_zero =
+            !t.by_cgroup.is_empty() && t.by_cgroup.values().all(|p| p.min == 0 && p.low == 0);
+        if !(t.scaled && all_zero) {
+            self.warned_zero_budget = false;
+            return false;
+        }
+        if !self.warned_zero_budget {
+            error!(
+                requested = t.requested,
+                budget = t.budget,
+                mem_total = self.mem_total,
+                reserve_bytes = self.cfg.reserve_bytes,
+                budget_share = self.cfg.budget_share,
+                "the protection budget leaves nothing to protect; keeping the current pod and QoS protection instead of lowering it to 0"
+            );
+            self.warned_zero_budget = true;
+        }
+        true
+    }
+
+    /// Writes the difference between `t` and the tree in a safe order,
+    /// counting writes and failures in `report`.
+    fn write_targets(&mut self, t: &Targets, report: &mut PassReport) {
+        let current = self.current(&t.by_cgroup);
         for w in plan::ordered_writes(&t.by_cgroup, &current) {
             match self.write(&w) {
                 Ok(()) => {
                     let ours = self.ours.entry(w.cgroup.clone()).or_default();
-                    if w.file == "memory.min" {
+                    if w.file == MEMORY_MIN {
                         ours.min = w.value;
                     } else {
                         ours.low = w.value;
@@ -413,10 +486,6 @@ impl Keeper {
                 }
             }
         }
-        self.stats.passes += 1;
-        self.stats.writes += report.written as u64;
-        self.stats.failed_writes += report.failed as u64;
-        report
     }
 }
 
