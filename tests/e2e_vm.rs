@@ -236,8 +236,8 @@ fn e2e_kube_node() {
         return;
     }
     let _vm = VM.lock().unwrap_or_else(|e| e.into_inner());
-    let scenarios = std::env::var("NRI_QOS_E2E_KUBE_SCENARIOS")
-        .unwrap_or_else(|_| KUBE_NODE_SCENARIOS.into());
+    let scenarios =
+        std::env::var("NRI_QOS_E2E_KUBE_SCENARIOS").unwrap_or_else(|_| KUBE_NODE_SCENARIOS.into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/run.sh");
     let status = Command::new("bash")
         .arg(script)

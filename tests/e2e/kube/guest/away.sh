@@ -9,7 +9,7 @@
 AWAY_BEFORE="kn-guaranteed kn-burstable"
 AWAY_DURING="kn-besteffort kn-sidecar"
 
-# Epoch seconds of an RFC 3339 time from the API (2026-11-27T14:03:05Z).
+# Epoch seconds of an RFC 3339 time from the API (YYYY-MM-DDTHH:MM:SSZ).
 epoch_of() { date -u -D '%Y-%m-%dT%H:%M:%SZ' -d "$1" +%s 2>/dev/null; }
 
 if create_pods $AWAY_BEFORE; then
