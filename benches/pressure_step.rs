@@ -25,8 +25,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nri_qos::evict::kill::Syscalls;
+use nri_qos::evict::Evictor;
 use nri_qos::node::registry::NoPods;
-use nri_qos::pressure::act::Syscalls;
 use nri_qos::pressure::{Monitor, MonitorConfig, Paths, Wake};
 
 const MI: u64 = 1 << 20;
@@ -120,7 +121,8 @@ fn main() {
             cooldown: "0s".parse().unwrap(),
             ..MonitorConfig::default()
         };
-        let mut monitor = Monitor::new(cfg, paths, Arc::new(NoPods), Arc::new(Syscalls));
+        let evictor = Evictor::new((&cfg).into(), Arc::new(Syscalls)).shared();
+        let mut monitor = Monitor::new(cfg, paths, Arc::new(NoPods), evictor);
         let wake = Wake::Psi {
             source: "node:full 100000 1000000".into(),
         };

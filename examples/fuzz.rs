@@ -13,6 +13,11 @@
 //!   (every method), its payload a valid message with random, boundary and
 //!   dictionary values, then mutated half of the time, decoded and handled by
 //!   the real `QosPlugin` through the generated ttrpc dispatch;
+//! - **chunks** (1 in `--chunks-every`): a Synchronize split into chunks
+//!   (`more=true` on all but the last) of few pods or containers carrying
+//!   thousands of annotations, the keys nri-qos reads among many it does
+//!   not, sometimes mutated, handled in order by the real plugin under a
+//!   1 MiB budget; every answer must keep the protocol's shape;
 //! - **session** (1 in `--session-every`): a whole plugin session
 //!   (`nri::session::run_session`, the public entry the binary uses) over a
 //!   socketpair, fed mux frames with garbage, oversized lengths, unknown
@@ -43,7 +48,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nri_qos::nri::proto::{api, api_ttrpc};
+use nri_qos::nri::lean_sync;
+use nri_qos::nri::proto::api;
 use nri_qos::nri::{Identity, PluginSettings, QosPlugin};
 use nri_qos::qos::{NodeFacts, PolicyConfig};
 use protobuf::reflect::{
@@ -341,8 +347,12 @@ fn ttrpc_request(method: &str, payload: Vec<u8>, rng: &mut Rng) -> ttrpc::proto:
     req
 }
 
+/// The Synchronize budget of the plugins fuzzed: small, so that chunks
+/// pass it.
+const SYNC_BUDGET: usize = 1 << 20;
+
 fn new_plugin(proc_root: &std::path::Path) -> Arc<QosPlugin> {
-    Arc::new(QosPlugin::new(PluginSettings {
+    let plugin = QosPlugin::new(PluginSettings {
         policy: PolicyConfig::default(),
         node: NodeFacts {
             memory_capacity: 16 << 30,
@@ -355,7 +365,66 @@ fn new_plugin(proc_root: &std::path::Path) -> Arc<QosPlugin> {
         proc_root: proc_root.to_path_buf(),
         // Read only (pod cgroups' protection); an empty temp dir here too.
         cgroup_root: proc_root.to_path_buf(),
-    }))
+    });
+    Arc::new(plugin.with_sync_budget(SYNC_BUDGET))
+}
+
+/// An annotation key: one nri-qos reads, or one of the many it must not keep.
+fn annotation_key(rng: &mut Rng) -> String {
+    match rng.below(4) {
+        0 => format!("memory-request.qos.nri-qos.io/{}", rng.pick(STRINGS)),
+        1 => rng.pick(STRINGS).to_string(),
+        _ => format!("example.com/key-{}", rng.next()),
+    }
+}
+
+fn annotations(rng: &mut Rng) -> HashMap<String, String> {
+    let n = if rng.chance(2) {
+        rng.below(20_000)
+    } else {
+        rng.below(50)
+    };
+    (0..n)
+        .map(|_| (annotation_key(rng), rng.pick(STRINGS).to_string()))
+        .collect()
+}
+
+/// A Synchronize split into chunks, annotation-heavy (see the module
+/// comment): each chunk encoded, whether it was mutated, and the `more`
+/// it says.
+fn sync_chunks(rng: &mut Rng) -> Vec<(Vec<u8>, bool, bool)> {
+    let n = 1 + rng.below(6);
+    (0..n)
+        .map(|k| {
+            let mut req = api::SynchronizeRequest::new();
+            for _ in 0..1 + rng.below(3) {
+                let id = rng.pick(IDS).to_string();
+                if rng.chance(3) {
+                    let mut pod = api::PodSandbox::new();
+                    pod.id = id;
+                    pod.annotations = annotations(rng);
+                    pod.labels = annotations(rng);
+                    pod.linux.mut_or_insert_default().cgroup_parent = rng.pick(STRINGS).to_string();
+                    req.pods.push(pod);
+                } else {
+                    let mut c = api::Container::new();
+                    c.id = id;
+                    c.pod_sandbox_id = rng.pick(IDS).to_string();
+                    c.name = rng.pick(STRINGS).to_string();
+                    c.annotations = annotations(rng);
+                    c.labels = annotations(rng);
+                    req.containers.push(c);
+                }
+            }
+            req.more = k + 1 < n;
+            let mut bytes = req.write_to_bytes().unwrap_or_default();
+            let mutated = rng.chance(8);
+            if mutated {
+                mutate(rng, &mut bytes);
+            }
+            (bytes, mutated, req.more)
+        })
+        .collect()
 }
 
 fn mux_frame(conn: u32, payload: &[u8]) -> Vec<u8> {
@@ -460,6 +529,7 @@ struct Args {
     execs: u64,
     seed: u64,
     session_every: u64,
+    chunks_every: u64,
 }
 
 fn args() -> Args {
@@ -467,6 +537,7 @@ fn args() -> Args {
         execs: 1_000_000,
         seed: 1,
         session_every: 2000,
+        chunks_every: 500,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -477,8 +548,11 @@ fn args() -> Args {
             ("--execs", Some(v)) => a.execs = v,
             ("--seed", Some(v)) => a.seed = v,
             ("--session-every", Some(v)) => a.session_every = v.max(1),
+            ("--chunks-every", Some(v)) => a.chunks_every = v.max(1),
             _ => {
-                eprintln!("usage: fuzz [--execs N] [--seed S] [--session-every K]");
+                eprintln!(
+                    "usage: fuzz [--execs N] [--seed S] [--session-every K] [--chunks-every K]"
+                );
                 std::process::exit(2);
             }
         }
@@ -515,11 +589,13 @@ fn main() {
 
     let mut rng = Rng(args.seed);
     let mut plugin = new_plugin(proc_root.path());
-    let mut services = api_ttrpc::create_plugin(plugin.clone());
+    // The Plugin service as the binary serves it (Synchronize still encoded).
+    let mut services = lean_sync::create_plugin(plugin.clone());
     let identity = Identity::new("fuzz", "10").expect("identity");
     let started = Instant::now();
     let mut last_report = Instant::now();
     let (mut decodes, mut handled, mut sessions, mut hangs) = (0u64, 0u64, 0u64, 0u64);
+    let mut chunked = 0u64;
     // Handler calls whose payload decoded and got an answer (not an error).
     let mut answered = 0u64;
     let mut slowest = Duration::ZERO;
@@ -533,7 +609,38 @@ fn main() {
         if exec % 200_000 == 0 && exec > 0 {
             // A fresh plugin now and then, like a runtime restart.
             plugin = new_plugin(proc_root.path());
-            services = api_ttrpc::create_plugin(plugin.clone());
+            services = lean_sync::create_plugin(plugin.clone());
+        }
+        if exec % args.chunks_every == args.chunks_every / 2 {
+            let handler = &services["nri.pkg.api.v1alpha1.Plugin"].methods["Synchronize"];
+            for (bytes, mutated, more) in sync_chunks(&mut rng) {
+                note("chunks", "Synchronize", &bytes);
+                let req = ttrpc_request("Synchronize", bytes, &mut rng);
+                let ctx = ttrpc::r#async::TtrpcContext {
+                    mh: ttrpc::MessageHeader::default(),
+                    metadata: HashMap::new(),
+                    timeout_nano: req.timeout_nano,
+                    connection_data: Default::default(),
+                };
+                let t0 = thread_cpu_time();
+                let answer = rt.block_on(handler.handler(ctx, req));
+                let took = thread_cpu_time().saturating_sub(t0);
+                slowest = slowest.max(took);
+                if took > Duration::from_millis(100) {
+                    hangs += 1;
+                    eprintln!("HANG: a Synchronize chunk used {took:?} of CPU");
+                }
+                let shape = answer
+                    .ok()
+                    .and_then(|a| api::SynchronizeResponse::parse_from_bytes(&a.payload).ok())
+                    .map(|a| a.more == more && (!more || a.update.is_empty()));
+                if !mutated && shape != Some(true) {
+                    CRASHES.fetch_add(1, Ordering::SeqCst);
+                    eprintln!("CRASH: a Synchronize chunk (more={more}) was answered {shape:?}");
+                }
+            }
+            chunked += 1;
+            continue;
         }
         if exec % args.session_every == 0 {
             let bytes = session_bytes(&mut rng, &targets);
@@ -624,7 +731,7 @@ fn main() {
     let crashes = CRASHES.load(Ordering::SeqCst);
     let _ = std::io::stderr().flush();
     println!(
-        "fuzz: {} execs ({decodes} decodes, {handled} handler calls of which {answered} answered, {sessions} sessions) in {secs:.0} s, {:.0} execs/s, peak RSS {} KiB, most CPU in one handler call {slowest:?}, crashes {crashes}, hangs {hangs}",
+        "fuzz: {} execs ({decodes} decodes, {handled} handler calls of which {answered} answered, {chunked} chunked Synchronizes, {sessions} sessions) in {secs:.0} s, {:.0} execs/s, peak RSS {} KiB, most CPU in one handler call {slowest:?}, crashes {crashes}, hangs {hangs}",
         args.execs,
         args.execs as f64 / secs,
         peak_rss_kib(),

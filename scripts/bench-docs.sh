@@ -99,7 +99,8 @@ if [ "$render_only" = 0 ]; then
     run nri-nokube nokube
   run nri-hops cargo bench --locked --bench nri_hops
   run nri-soak env NRI_HOPS_SOAK=1000000 cargo bench --locked --bench nri_hops
-  run wire-bounds cargo test --locked --test wire_bounds -- --nocapture --test-threads 1
+  DESC='NRI_QOS_BIN=<cargo build --release --bin nri-qos> cargo test --locked --test wire_bounds -- --nocapture --test-threads 1' \
+    run wire-bounds cargo test --locked --test wire_bounds -- --nocapture --test-threads 1
   run metrics-starvation cargo bench --locked --bench metrics_starvation
   run pressure-step cargo bench --locked --bench pressure_step
   run cgroup-reads cargo bench --locked --bench cgroup_reads

@@ -7,8 +7,9 @@
 #   scripts/bench-pressure.sh [--runs 10] [--rate 256] [--idle 60] [--native-only]
 #
 # --native-only skips the VM and measures only the idle cost on this
-# machine's own CPU (fake 110-pod trees in a temp directory, throttle guard
-# on and off), in about --idle s.
+# machine's own CPU: the plugin process as shipped (throttle guard and
+# pressure monitor on) and with each of them off, on fake 110-pod trees in a
+# temp directory, in about --idle s.
 #
 # rate: MiB/s the BestEffort hog allocates (each run ramps it past the
 # thresholds). Under qemu's software emulation the VM is ~10-50x slower than
@@ -93,32 +94,46 @@ print(f"lock-memory: VmLck {summary.get('locked_kb')} kB (whole mappings, reside
 PY
 fi
 
-# Idle cost on this machine's own CPU (no emulation): the same monitor on
-# fake 110-pod trees (temp dirs; no PSI triggers, nothing of the host's
-# cgroups is touched) with 1.3 GiB and 8 GiB of a 16 GiB node free, with the
-# memory.high throttle guard on (the default) and, as the peer, off, for $idle s.
+# Idle cost on this machine's own CPU (no emulation): the plugin process
+# (`nri-qos run`, external, its socket absent: it retries connecting every
+# 5 s, otherwise idle as between NRI calls) on fake 110-pod trees (temp dirs
+# shaped like cgroup v2 and procfs; no PSI triggers, nothing of the host's
+# cgroups is touched) with 1.3 GiB and 8 GiB of a 16 GiB node free, for $idle
+# s each: as shipped (throttle guard and pressure monitor on), and with one,
+# the other and both off, so each one's cost is the difference.
 tmp="$(mktemp -d)"
 trap 'kill $(cat "$tmp"/*.pid 2>/dev/null) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-printf '[throttle]\nenabled = false\n' >"$tmp/guard-off.toml"
-printf '[throttle]\nenabled = true\n' >"$tmp/guard-on.toml"
-runs_native="1300-on 8192-on 1300-off 8192-off"
-for r in $runs_native; do
-  free=${r%-*} guard=${r#*-}
-  bash tests/e2e/pressure/fake-tree.sh "$tmp/t$r" "$free" 106 >/dev/null
-  target/release/nri-qos monitor --config "$tmp/guard-$guard.toml" \
-    --cgroup-root "$tmp/t$r/cgroup" --proc-root "$tmp/t$r/proc" 2>/dev/null &
-  echo $! >"$tmp/$r.pid"
+variants="default guard-only monitor-only plugin-only"
+conf() { # variant free
+  printf '[node]\ncgroup-root = "%s"\nproc-root = "%s"\n' "$tmp/t$2/cgroup" "$tmp/t$2/proc"
+  case $1 in
+  guard-only) printf '[plugin]\nwith-monitor = false\n' ;;
+  monitor-only) printf '[throttle]\nenabled = false\nunguarded-memory-high = "accept"\n' ;;
+  plugin-only) printf '[plugin]\nwith-monitor = false\n[throttle]\nenabled = false\nunguarded-memory-high = "accept"\n' ;;
+  esac
+}
+for free in 1300 8192; do
+  bash tests/e2e/pressure/fake-tree.sh "$tmp/t$free" "$free" 106 >/dev/null
+  echo "cpu memory pids" >"$tmp/t$free/cgroup/cgroup.controllers"
+  for v in $variants; do
+    conf "$v" "$free" >"$tmp/$v-$free.toml"
+    target/release/nri-qos run --config "$tmp/$v-$free.toml" --socket "$tmp/no-runtime.sock" 2>/dev/null &
+    echo $! >"$tmp/$v-$free.pid"
+  done
 done
-sleep 2
+sleep 3
 # CPU time of every thread in ns (schedstat), finer than the 10 ms ticks of stat.
 cpu_ns() { cat /proc/"$(cat "$tmp/$1.pid")"/task/*/schedstat | awk '{ s += $1 } END { print s }'; }
-for r in $runs_native; do eval "a_${r%-*}_${r#*-}=$(cpu_ns "$r")"; done
+for f in "$tmp"/*.pid; do r=$(basename "$f" .pid); eval "a_${r//-/_}=$(cpu_ns "$r")"; done
 sleep "$idle"
-for r in $runs_native; do
-  free=${r%-*} guard=${r#*-}
-  eval "a=\$a_${free}_${guard}"
-  t=$(($(cpu_ns "$r") - a))
-  rss=$(awk '/^VmRSS/ {print $2}' "/proc/$(cat "$tmp/$r.pid")/status")
-  awk -v t="$t" -v s="$idle" -v f="$free" -v r="$rss" -v g="$guard" \
-    'BEGIN { printf "native idle, 110 pods, %5d MiB free of 16 GiB, throttle guard %-3s: %.4f %% of one core over %d s (%.1f ms CPU), RSS %d kB\n", f, g, t / s / 1e7, s, t / 1e6, r }'
+for free in 1300 8192; do
+  for v in $variants; do
+    r="$v-$free"
+    eval "a=\$a_${r//-/_}"
+    t=$(($(cpu_ns "$r") - a))
+    st="/proc/$(cat "$tmp/$r.pid")/status"
+    awk -v t="$t" -v s="$idle" -v f="$free" -v v="$v" '
+      /^VmRSS/ { rss = $2 } /^RssAnon/ { anon = $2 } /^VmHWM/ { hwm = $2 }
+      END { printf "native idle, 110 pods, %5d MiB free of 16 GiB, %-12s: %.4f %% of one core over %d s (%.1f ms CPU), RSS %d kB (RssAnon %d kB), peak %d kB\n", f, v, t / s / 1e7, s, t / 1e6, rss, anon, hwm }' "$st"
+  done
 done

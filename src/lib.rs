@@ -4,12 +4,15 @@
 //!
 //! One folder per concern: `nri` speaks the wire protocol, `qos` is the pure
 //! policy, `keeper` keeps the pod/QoS-level hierarchy, `pressure` watches the
-//! node and evicts.
+//! node's memory, `guard` the containers throttled at their memory.high,
+//! and both evict through `evict`.
 
 pub mod app;
 pub mod audit;
 pub mod config;
+pub mod evict;
 pub mod explain;
+pub mod guard;
 pub mod keeper;
 pub mod kube;
 pub mod metrics;

@@ -11,6 +11,7 @@ use thiserror::Error;
 pub mod cgroup_files;
 pub mod cgroupfs;
 pub mod layout;
+pub mod psi;
 pub mod time;
 
 /// Kubernetes QoS class.

@@ -485,6 +485,7 @@ fn the_kernels_limits_stand_in_for_the_report_on_cri_o_only() {
             pods: vec![p.clone()],
             containers: vec![c.clone()],
             runtime: runtime.into(),
+            ..Default::default()
         };
         let report = audit_tree(&snap, &hierarchy, &root);
         let max = report.containers[0]
@@ -543,6 +544,7 @@ fn a_restarted_runtimes_merged_report_is_audited_as_the_plugin_reads_it() {
         pods: vec![p],
         containers: vec![merged],
         runtime: "containerd".into(),
+        ..Default::default()
     };
     let run = |root: &Path| {
         audit::audit(

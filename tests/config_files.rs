@@ -56,4 +56,19 @@ fn check_config_accepts_the_shipped_files_and_names_a_bad_key_and_its_file() {
     std::fs::write(&bad, "[policy]\nmemory-throttling-factor = 1.5\n").unwrap();
     let err = String::from_utf8_lossy(&run(&bad).stderr).to_string();
     assert!(err.contains("memory-throttling-factor"), "{err}");
+    // memory.high without a guard that acts: refused, naming both keys.
+    std::fs::write(&bad, "[throttle]\nenabled = false\n").unwrap();
+    let out = run(&bad);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        err.contains("policy.memory-high") && err.contains("throttle.enabled = false"),
+        "{err}"
+    );
+    std::fs::write(
+        &bad,
+        "[throttle]\nenabled = false\nunguarded-memory-high = \"accept\"\n",
+    )
+    .unwrap();
+    assert!(run(&bad).status.success());
 }

@@ -226,29 +226,23 @@ fn systemd_unit_has_what_we_rely_on() {
             "{k} breaks cgroup/proc writes"
         );
     }
+    // cgroup/oom_score_adj writes, PSI triggers, and the per-pid kill of
+    // the guard and the monitor on kernels without cgroup.kill.
     let caps = all("Service", "CapabilityBoundingSet");
-    assert_eq!(caps, ["CAP_DAC_OVERRIDE", "CAP_SYS_RESOURCE"]);
+    assert_eq!(caps, ["CAP_DAC_OVERRIDE", "CAP_SYS_RESOURCE", "CAP_KILL"]);
+    // lock-memory and the monitor thread's nice by resource limits, not
+    // CAP_IPC_LOCK / CAP_SYS_NICE.
+    let monitor = nri_qos::pressure::MonitorConfig::default();
+    assert!(monitor.lock_memory);
+    assert_eq!(one("Service", "LimitMEMLOCK"), "infinity");
+    assert_eq!(one("Service", "LimitNICE"), monitor.nice.to_string());
+    let syscalls = all("Service", "SystemCallFilter");
+    assert!(
+        syscalls.contains(&"process_mrelease".to_string()),
+        "{syscalls:?}"
+    );
     assert_eq!(one("Service", "IPAddressDeny"), "any");
     assert_eq!(one("Install", "WantedBy"), "multi-user.target");
-}
-
-#[test]
-fn systemd_monitor_drop_in_adds_only_what_the_monitor_uses() {
-    let drop_in = parse_unit(&read("config/systemd/nri-qos-monitor.conf"));
-    assert_eq!(drop_in.keys().collect::<Vec<_>>(), ["Service"]);
-    assert_eq!(drop_in["Service"].len(), 1, "{:?}", drop_in["Service"]);
-    let caps: Vec<&str> = drop_in["Service"]["CapabilityBoundingSet"]
-        .iter()
-        .flat_map(|v| v.split_whitespace())
-        .collect();
-    // lock-memory, nice, and the per-pid kill fallback; the plugin's own
-    // CAP_SYS_RESOURCE already covers sub-second PSI triggers.
-    assert_eq!(caps, ["CAP_IPC_LOCK", "CAP_SYS_NICE", "CAP_KILL"]);
-    let monitor = nri_qos::pressure::MonitorConfig::default();
-    assert!(
-        monitor.lock_memory && monitor.nice < 0,
-        "the defaults the drop-in serves"
-    );
 }
 
 /// Deserializes into the API type and back: an unknown or misspelled field
@@ -386,10 +380,10 @@ fn daemonset_manifests() {
         "independent of the pod network"
     );
     assert!(cfg.metrics.address.ip().is_loopback());
-    assert_ne!(
+    assert_eq!(
         pod.host_pid,
         Some(true),
-        "host procfs at /host/proc suffices"
+        "the guard and the monitor need the pods' pids (cgroup.procs names others 0)"
     );
     let tol = pod.tolerations.as_ref().expect("tolerations");
     assert!(
@@ -432,7 +426,12 @@ fn daemonset_manifests() {
     assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
     let mut add = caps.add.clone().unwrap_or_default();
     add.sort();
-    assert_eq!(add, ["DAC_OVERRIDE", "SYS_RESOURCE"]);
+    assert_eq!(add, ["DAC_OVERRIDE", "IPC_LOCK", "KILL", "SYS_RESOURCE"]);
+    // What runs there by default: the plugin, the guard and the monitor,
+    // memory.high guarded; the monitor's nice left to the pod's weight.
+    assert!(cfg.plugin.with_monitor && cfg.throttle.enabled);
+    assert!(cfg.check_guarded().is_ok());
+    assert_eq!(cfg.monitor.nice, 0);
 
     // Mounts: volume name -> (host path, mount path, read-only).
     let volumes = pod.volumes.as_ref().expect("volumes");

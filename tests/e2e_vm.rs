@@ -17,7 +17,7 @@
 //!
 //! Knobs: `NRI_QOS_E2E_PLUGIN` (none | prelaunched | external, overrides the per-version mode),
 //! `NRI_QOS_E2E_SCENARIOS` (comma-separated, default basic,kubelet,pagecache,eviction,memoryqos;
-//! containerd 2.1 adds throttle before memoryqos and kubeletqos last, 2.2+2.3
+//! containerd 2.1 adds throttle and guarded before memoryqos and kubeletqos last, 2.2+2.3
 //! has its own list and neither resilience sequence nor timing pod),
 //! `NRI_QOS_E2E_TIMING_PODS` (default 1).
 
@@ -128,15 +128,17 @@ fn e2e_containerd_1_7() {
     );
 }
 
-/// 2.1 also runs the throttle guard's scenario and plays a 1.37 kubelet
-/// with TieredReservation for 60 s (`kubeletqos`, about 100 s of VM time);
-/// `memoryqos` and that one last (see [`OWN_SCENARIOS`]).
+/// 2.1 also runs the throttle guard's scenario, proves a default install
+/// is guarded (`guarded`: nri-qos started each way the install docs give,
+/// about 4 min of VM time) and plays a 1.37 kubelet with TieredReservation
+/// for 60 s (`kubeletqos`, about 100 s); `memoryqos` and that one last (see
+/// [`OWN_SCENARIOS`]).
 #[test]
 fn e2e_containerd_2_1() {
     run_e2e_with(
         "2.1",
         "prelaunched",
-        &format!("{OWN_SCENARIOS},throttle,memoryqos,kubeletqos"),
+        &format!("{OWN_SCENARIOS},throttle,guarded,memoryqos,kubeletqos"),
         &["--crictl"],
     );
 }

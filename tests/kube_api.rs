@@ -38,10 +38,10 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::Client;
+use nri_qos::evict::rank::{self, Candidate, RankPolicy};
 use nri_qos::kube::{Credentials, Kube, PodStore};
-use nri_qos::node::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice};
+use nri_qos::node::cluster::{ClusterEvictions, EvictOutcome, EvictionNotice, EvictionReason};
 use nri_qos::node::registry::PodRegistry;
-use nri_qos::pressure::rank::{self, Candidate, RankPolicy};
 use nri_qos::qos::QosClass;
 use serde_json::json;
 
@@ -432,10 +432,12 @@ fn notice(f: &nri_qos::kube::ApiPodFacts, hard: bool) -> EvictionNotice {
         uid: f.uid.clone(),
         namespace: f.namespace.clone(),
         name: f.name.clone(),
-        hard,
-        available: 80 * MI,
-        signal: "memory.available".into(),
-        threshold: 100 * MI,
+        reason: EvictionReason::NodePressure {
+            hard,
+            available: 80 * MI,
+            signal: "memory.available".into(),
+            threshold: 100 * MI,
+        },
         working_set: 700 * MI,
         request: f.memory_request,
         request_source: "api-server".into(),
@@ -946,6 +948,7 @@ fn audit_over_the_api(cluster: &Cluster, rt: &tokio::runtime::Runtime, store: &P
         pods: vec![p, unknown],
         containers: ctrs,
         runtime: "containerd".into(),
+        ..Default::default()
     };
     let tree = tempfile::tempdir().unwrap();
     let root = tree.path();

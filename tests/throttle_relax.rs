@@ -12,10 +12,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::*;
+use nri_qos::guard::{EventCounts, FileRelaxer, Sample};
 use nri_qos::node::relax::Relaxer;
 use nri_qos::nri::relax::{relaxer, LINK};
 use nri_qos::nri::{session, Identity};
-use nri_qos::pressure::throttle::{Counters, FileRelaxer, Sample};
 use nri_qos::qos::QosClass;
 
 #[tokio::test]
@@ -31,7 +31,7 @@ async fn throttle_relax_goes_through_update_containers_then_the_file() {
         pod_uid: "u1".into(),
         pod_path: PathBuf::from(dir.path()),
         class: QosClass::Burstable,
-        counters: Counters { high: 5000, max: 0 },
+        counters: EventCounts { high: 5000, max: 0 },
         psi_some_avg10: 30.0,
         high: Some(247_463_936),
         max: Some(268_435_456),
@@ -56,8 +56,8 @@ async fn throttle_relax_goes_through_update_containers_then_the_file() {
     // What Configure says of a runtime carrying containerd/nri#301.
     LINK.set_update_deadlock_fixed(true);
     assert_eq!(
-        relaxer.relax(&sample.relax_request()),
-        Ok("nri-update-containers")
+        relaxer.relax(&sample.relax_request()).unwrap(),
+        "nri-update-containers"
     );
     let req = loop {
         match tokio::time::timeout(Duration::from_secs(5), rt.events.recv())
@@ -91,8 +91,8 @@ async fn throttle_relax_goes_through_update_containers_then_the_file() {
     LINK.set_update_deadlock_fixed(false);
     std::fs::write(cg.join("memory.high"), "247463936\n").unwrap();
     assert_eq!(
-        relaxer.relax(&sample.relax_request()),
-        Ok("cgroup-file (the runtime lacks containerd/nri#301)")
+        relaxer.relax(&sample.relax_request()).unwrap(),
+        "cgroup-file (the runtime lacks containerd/nri#301)"
     );
     let value = std::fs::read_to_string(cg.join("memory.high")).unwrap();
     assert_eq!(value.trim(), "268435456");

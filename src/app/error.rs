@@ -27,6 +27,8 @@ pub enum AppError {
     #[error(transparent)]
     Monitor(#[from] crate::pressure::MonitorError),
     #[error(transparent)]
+    Guard(#[from] crate::guard::GuardError),
+    #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
     #[error(transparent)]
     Audit(#[from] crate::audit::AuditError),

@@ -7,19 +7,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{self, Config, Launch, MonitorArgs, RunArgs};
+use crate::node::registry::PodRegistry;
 use crate::node::relax::{RelaxVia, Relaxer};
+use crate::node::NodeFacts;
 use crate::nri::{Identity, PluginSettings, QosPlugin, Transport};
 
 mod error;
 mod tools;
+mod watchers;
 
 pub use error::{AppError, Context};
 pub use tools::{run_audit, run_explain, AuditArgs, ExplainArgs};
 
 /// One thread is plenty: the loops sleep in epoll and run I/O on the
-/// blocking pool (the NRI trunk and the monitor have their own threads).
+/// blocking pool (the NRI trunk, the guard and the monitor have their own
+/// threads).
 fn runtime() -> Result<tokio::runtime::Runtime, AppError> {
     one_malloc_arena();
+    large_allocations_mapped();
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -27,8 +32,8 @@ fn runtime() -> Result<tokio::runtime::Runtime, AppError> {
 }
 
 /// glibc gives each thread that allocates an arena of its own; the NRI
-/// trunk thread's kept ~0.5 MiB more resident after a Synchronize (issue
-/// 17). Our threads take turns rather than contend, so they share one.
+/// trunk thread's kept ~0.5 MiB more resident after a Synchronize. Our
+/// threads take turns rather than contend, so they share one.
 fn one_malloc_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; called before the
@@ -38,7 +43,22 @@ fn one_malloc_arena() {
     }
 }
 
-/// `nri-qos monitor`: the node memory-pressure monitor alone.
+/// glibc serves an allocation of 128 KiB or more with a mapping of its
+/// own, returned on free, but raises that threshold to the largest one
+/// freed (up to 32 MiB), after which a Synchronize's 4 MiB messages and
+/// its held buffer come from the heap and stay resident after it. Fixed
+/// at its default, they always go back.
+fn large_allocations_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; called before the
+    // runtime starts any thread.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 << 10);
+    }
+}
+
+/// `nri-qos monitor`: the node memory-pressure monitor, with the throttle
+/// guard beside it unless `[throttle] enabled = false`, outside the plugin.
 pub fn run_monitor(args: MonitorArgs) -> Result<(), AppError> {
     use crate::pressure;
     let settings = args
@@ -51,55 +71,42 @@ pub fn run_monitor(args: MonitorArgs) -> Result<(), AppError> {
         crate::observability::Journal::Off,
     )
     .context("setting up logging")?;
-    let (cfg, paths) = (settings.monitor, settings.paths);
-    crate::node::require_cgroup_v2("the pressure monitor", &paths.cgroup_root)?;
-    if cfg.throttle.relax_via == RelaxVia::Runtime {
+    crate::node::require_cgroup_v2("the pressure monitor", &settings.paths.cgroup_root)?;
+    if settings.throttle.relax_via == RelaxVia::Runtime {
         tracing::warn!("throttle.relax-via = \"runtime\" needs the plugin's NRI session; the monitor alone writes the cgroup file");
     }
     if args.once {
-        print!("{}", pressure::cli::once(cfg, paths)?);
+        print!("{}", pressure::cli::once(settings.monitor, settings.paths)?);
         return Ok(());
     }
-    runtime()?.block_on(async {
+    let watchers = watchers::Watchers {
+        guard: settings.throttle.enabled.then_some(settings.throttle),
+        evict: (&settings.monitor).into(),
+        tree: settings.monitor.pod_tree(&settings.paths),
+        monitor: Some((settings.monitor, settings.paths)),
+        pods: Arc::new(crate::node::registry::NoPods),
+        cluster: None,
+        metrics: None,
+        relaxer: Arc::new(crate::guard::FileRelaxer),
+    };
+    let (guard, monitor) = watchers.tasks();
+    runtime()?.block_on(async move {
         tokio::select! {
-            r = pressure::run(cfg, paths, Arc::new(crate::node::registry::NoPods)) => r.context("monitor"),
+            r = watchers::until_stopped(monitor) => r.context("monitor"),
+            r = watchers::until_stopped(guard) => r.context("throttle guard"),
             _ = shutdown_signal() => Ok(()),
         }
     })
 }
 
-/// `nri-qos run` (and no command): the NRI plugin with its optional tasks.
+/// `nri-qos run` (and no command): the NRI plugin with its tasks.
 pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
     let launch = Launch::from_process();
-    let cfg = Config::for_plugin(&args, config::process_env(), &launch)?;
     let prelaunched = launch.socket_fd.is_some();
-    crate::observability::init(
-        cfg.plugin.log_format,
-        &cfg.plugin.log_level,
-        cfg.plugin.log_file.as_deref(),
-        // The runtime discards a pre-launched plugin's stderr.
-        if prelaunched {
-            crate::observability::Journal::IfPresent
-        } else {
-            crate::observability::Journal::Off
-        },
-    )
-    .context("setting up logging")?;
-
-    let transport = match launch.socket_fd {
-        Some(fd) => {
-            let fd: i32 = fd
-                .parse()
-                .with_context(|| format!("NRI_PLUGIN_SOCKET={fd:?} is not a file descriptor"))?;
-            if fd < 0 {
-                return Err(AppError::Usage(format!(
-                    "NRI_PLUGIN_SOCKET={fd} is not a file descriptor"
-                )));
-            }
-            Transport::InheritedFd(fd)
-        }
-        None => Transport::Socket(cfg.plugin.socket.clone()),
-    };
+    let cfg = Config::for_plugin(&args, config::process_env(), &launch)
+        .map_err(|e| refused_to_start(e, prelaunched))?;
+    init_logging(&cfg, prelaunched)?;
+    let transport = transport(&launch, &cfg)?;
     let identity = Identity::new(&cfg.plugin.name, &cfg.plugin.index)?;
     let node = crate::node::read_node_facts(
         &cfg.node.proc_root,
@@ -114,8 +121,73 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
         memory_capacity = node.memory_capacity,
         cgroup_v2 = node.cgroup_v2,
         dry_run = cfg.plugin.dry_run,
+        with_monitor = cfg.plugin.with_monitor,
+        throttle_guard = cfg.throttle.enabled,
         "nri-qos starting"
     );
+    let (plugin, kube) = build_plugin(&cfg, node);
+    runtime()?.block_on(async move {
+        start_tasks(&cfg, &plugin, kube.as_ref(), node);
+        tokio::select! {
+            r = crate::nri::session::run(transport, plugin, identity) => r.map_err(AppError::from),
+            _ = shutdown_signal() => {
+                tracing::info!("signal received; exiting");
+                Ok(())
+            }
+        }
+    })
+}
+
+/// The configuration was refused: said on stderr (by `main`) and, for a
+/// pre-launched plugin, whose stderr the runtime discards, in the journal
+/// too, before the process exits. The node then runs without the plugin:
+/// the runtime's values, and no memory.high at all.
+fn refused_to_start(e: config::ConfigError, prelaunched: bool) -> AppError {
+    if prelaunched {
+        let journal = crate::observability::Journal::IfPresent;
+        if crate::observability::init(crate::observability::LogFormat::Text, "info", None, journal)
+            .is_ok()
+        {
+            tracing::error!(error = %e, "nri-qos refuses to start: its configuration is not valid; the runtime runs containers without it");
+        }
+    }
+    AppError::from(e)
+}
+
+fn init_logging(cfg: &Config, prelaunched: bool) -> Result<(), AppError> {
+    crate::observability::init(
+        cfg.plugin.log_format,
+        &cfg.plugin.log_level,
+        cfg.plugin.log_file.as_deref(),
+        // The runtime discards a pre-launched plugin's stderr.
+        if prelaunched {
+            crate::observability::Journal::IfPresent
+        } else {
+            crate::observability::Journal::Off
+        },
+    )
+    .context("setting up logging")
+}
+
+/// The socket the runtime handed a pre-launched plugin, else the one to
+/// connect to.
+fn transport(launch: &Launch, cfg: &Config) -> Result<Transport, AppError> {
+    let Some(fd) = &launch.socket_fd else {
+        return Ok(Transport::Socket(cfg.plugin.socket.clone()));
+    };
+    let fd: i32 = fd
+        .parse()
+        .with_context(|| format!("NRI_PLUGIN_SOCKET={fd:?} is not a file descriptor"))?;
+    if fd < 0 {
+        return Err(AppError::Usage(format!(
+            "NRI_PLUGIN_SOCKET={fd} is not a file descriptor"
+        )));
+    }
+    Ok(Transport::InheritedFd(fd))
+}
+
+/// The plugin, with the API source's pods when that source starts.
+fn build_plugin(cfg: &Config, node: NodeFacts) -> (Arc<QosPlugin>, Option<crate::kube::Kube>) {
     let mut plugin = QosPlugin::new(PluginSettings {
         policy: cfg.policy.clone(),
         node,
@@ -125,10 +197,7 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
         cgroup_root: cfg.node.cgroup_root.clone(),
     })
     .with_sync_budget(cfg.plugin.sync_budget_bytes())
-    .with_drop_in(config::drop_in_layer(
-        cfg.policy.clone(),
-        cfg.plugin.dry_run,
-    ));
+    .with_drop_in(config::drop_in_layer(cfg));
     // Optional and never required: without credentials, or when they do not
     // work, the plugin runs on the runtime's facts alone.
     let kube = match crate::kube::start(&cfg.kubernetes, Some(plugin.metrics())) {
@@ -141,83 +210,76 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
     if let Some(k) = &kube {
         plugin = plugin.with_api_pods(k.store());
     }
-    let plugin = Arc::new(plugin);
+    (Arc::new(plugin), kube)
+}
 
-    runtime()?.block_on(async move {
-        if cfg.metrics.enabled {
-            // Same thread as the NRI session: a wedged session fails /healthz too.
-            let metrics = plugin.metrics();
-            let addr = cfg.metrics.address;
-            tokio::spawn(async move {
-                if let Err(e) = crate::metrics::serve(addr, metrics).await {
-                    tracing::error!(error = %e, "metrics endpoint stopped");
-                }
-            });
-        }
-        if cfg.hierarchy.enabled && node.cgroup_v2 && !cfg.plugin.dry_run {
-            let keeper = crate::keeper::Keeper::new(
-                cfg.node.cgroup_root.clone(),
-                cfg.hierarchy.clone(),
-                node.memory_capacity,
-            );
-            tokio::spawn(crate::keeper::run(
-                keeper,
-                plugin.registry(),
-                plugin.subscribe_changes(),
-                Duration::from_secs(cfg.hierarchy.resync_seconds.max(1)),
-                Some(plugin.metrics()),
-            ));
-        }
-        if !node.cgroup_v2 {
-            tracing::warn!("{}", crate::node::cgroup_v1_notice(&cfg.node.cgroup_root));
-        }
-        let with_monitor = cfg.plugin.with_monitor
-            && crate::node::require_cgroup_v2("the pressure monitor", &cfg.node.cgroup_root)
-                .map_err(|e| tracing::error!(error = %e, "pressure monitor not started"))
-                .is_ok();
-        if with_monitor {
-            let pods: Arc<dyn crate::node::registry::PodRegistry> = plugin.registry();
-            let paths = cfg.monitor_paths();
-            let monitor_cfg = cfg.monitor_config();
-            let metrics = cfg.metrics.enabled.then(|| plugin.metrics());
-            // The API server's facts (exact request, priority, static pods)
-            // first; the runtime's for pods it does not know (yet).
-            let registry: Arc<dyn crate::node::registry::PodRegistry> = match &kube {
-                Some(k) => Arc::new(crate::node::registry::Layered(vec![k.store(), pods])),
-                None => pods,
-            };
-            let cluster = kube
-                .clone()
-                .map(|k| Arc::new(k) as Arc<dyn crate::node::cluster::ClusterEvictions>);
-            let via = monitor_cfg.throttle.relax_via;
-            let (relaxer, relax_task) = throttle_relaxer(via);
-            if let Some(task) = relax_task {
-                tokio::spawn(task);
+/// The plugin's tasks beside its NRI session: the metrics endpoint, the
+/// hierarchy keeper, the throttle guard and the node-pressure monitor.
+fn start_tasks(
+    cfg: &Config,
+    plugin: &Arc<QosPlugin>,
+    kube: Option<&crate::kube::Kube>,
+    node: NodeFacts,
+) {
+    if cfg.metrics.enabled {
+        // Same thread as the NRI session: a wedged session fails /healthz too.
+        let metrics = plugin.metrics();
+        let addr = cfg.metrics.address;
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(addr, metrics).await {
+                tracing::error!(error = %e, "metrics endpoint stopped");
             }
-            tracing::info!(relax_via = ?via, "throttle guard relaxes memory.high this way");
-            tokio::spawn(async move {
-                if let Err(e) = crate::pressure::run_in_plugin(
-                    monitor_cfg,
-                    paths,
-                    registry,
-                    metrics,
-                    cluster,
-                    relaxer,
-                )
-                .await
-                {
-                    tracing::error!(error = %e, "pressure monitor stopped");
-                }
-            });
-        }
-        tokio::select! {
-            r = crate::nri::session::run(transport, plugin, identity) => r.map_err(AppError::from),
-            _ = shutdown_signal() => {
-                tracing::info!("signal received; exiting");
-                Ok(())
-            }
-        }
-    })
+        });
+    }
+    if cfg.hierarchy.enabled && node.cgroup_v2 && !cfg.plugin.dry_run {
+        let keeper = crate::keeper::Keeper::new(
+            cfg.node.cgroup_root.clone(),
+            cfg.hierarchy.clone(),
+            node.memory_capacity,
+        );
+        tokio::spawn(crate::keeper::run(
+            keeper,
+            plugin.registry(),
+            plugin.subscribe_changes(),
+            Duration::from_secs(cfg.hierarchy.resync_seconds.max(1)),
+            Some(plugin.metrics()),
+        ));
+    }
+    if !node.cgroup_v2 {
+        tracing::warn!("{}", crate::node::cgroup_v1_notice(&cfg.node.cgroup_root));
+    }
+    let watched = "the throttle guard and the pressure monitor";
+    match crate::node::require_cgroup_v2(watched, &cfg.node.cgroup_root) {
+        Ok(()) => start_watchers(cfg, plugin, kube),
+        Err(e) => tracing::error!(error = %e, "throttle guard and pressure monitor not started"),
+    }
+}
+
+/// The throttle guard (unless `[throttle] enabled = false`) and the
+/// node-pressure monitor (`with-monitor`), fed the plugin's pods.
+fn start_watchers(cfg: &Config, plugin: &Arc<QosPlugin>, kube: Option<&crate::kube::Kube>) {
+    let (relaxer, relax_task) = throttle_relaxer(cfg.throttle.relax_via);
+    let mut w = watchers::Watchers::from_config(cfg, cfg.plugin.with_monitor, relaxer);
+    if !w.any() {
+        tracing::warn!(
+            "neither the throttle guard nor the node-pressure monitor runs in this process"
+        );
+        return;
+    }
+    if let Some(task) = relax_task.filter(|_| w.guard.is_some()) {
+        tokio::spawn(task);
+    }
+    // The API server's facts (exact request, priority, static pods) first;
+    // the runtime's for pods it does not know (yet).
+    let pods: Arc<dyn PodRegistry> = plugin.registry();
+    w.pods = match kube {
+        Some(k) => Arc::new(crate::node::registry::Layered(vec![k.store(), pods])),
+        None => pods,
+    };
+    w.cluster =
+        kube.map(|k| Arc::new(k.clone()) as Arc<dyn crate::node::cluster::ClusterEvictions>);
+    w.metrics = cfg.metrics.enabled.then(|| plugin.metrics());
+    watchers::spawn(w.tasks());
 }
 
 /// The throttle guard's relax route (`[throttle] relax-via`): the cgroup
@@ -225,7 +287,7 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
 /// (deadlock-prone before containerd/nri#301, see [`RelaxVia`]), which
 /// needs its task spawned on the plugin's runtime.
 fn throttle_relaxer(via: RelaxVia) -> (Arc<dyn Relaxer>, Option<impl Future<Output = ()>>) {
-    let file = Arc::new(crate::pressure::throttle::FileRelaxer);
+    let file = Arc::new(crate::guard::FileRelaxer);
     match via {
         RelaxVia::CgroupFile => (file, None),
         RelaxVia::Runtime => {
@@ -238,6 +300,7 @@ fn throttle_relaxer(via: RelaxVia) -> (Arc<dyn Relaxer>, Option<impl Future<Outp
 /// `nri-qos check-config FILE`: the effective configuration as TOML.
 pub fn check_config(file: &std::path::Path) -> Result<(), AppError> {
     let cfg = Config::load(file)?;
+    cfg.check_guarded()?;
     println!(
         "{}",
         toml::to_string_pretty(&cfg).context("rendering config")?
@@ -278,12 +341,12 @@ mod tests {
     /// and the relax is the cgroup file's new value.
     #[test]
     fn throttle_relax_defaults_to_the_cgroup_file() {
-        let via = crate::pressure::throttle::ThrottleConfig::default().relax_via;
+        let via = crate::guard::ThrottleConfig::default().relax_via;
         assert_eq!(via, RelaxVia::CgroupFile);
         let (relaxer, task) = throttle_relaxer(via);
         assert!(task.is_none());
         let (dir, r) = container();
-        assert_eq!(relaxer.relax(&r), Ok("cgroup-file"));
+        assert_eq!(relaxer.relax(&r).unwrap(), "cgroup-file");
         let v = std::fs::read_to_string(dir.path().join("memory.high")).unwrap();
         assert_eq!(v.trim(), "268435456");
     }
@@ -291,16 +354,15 @@ mod tests {
     /// Only the explicit opt-in builds the UpdateContainers route.
     #[test]
     fn throttle_relax_via_runtime_is_opt_in() {
-        let cfg: crate::pressure::throttle::ThrottleConfig =
-            crate::pressure::throttle::ThrottleConfig::from_toml(
-                "[throttle]\nrelax-via = \"runtime\"\n",
-                "test",
-            )
-            .unwrap();
+        let cfg: crate::guard::ThrottleConfig = crate::guard::ThrottleConfig::from_toml(
+            "[throttle]\nrelax-via = \"runtime\"\n",
+            "test",
+        )
+        .unwrap();
         assert_eq!(cfg.relax_via, RelaxVia::Runtime);
         let (_relaxer, task) = throttle_relaxer(cfg.relax_via);
         assert!(task.is_some());
-        let bad = crate::pressure::throttle::ThrottleConfig::from_toml(
+        let bad = crate::guard::ThrottleConfig::from_toml(
             "[throttle]\nrelax-via = \"update-containers\"\n",
             "test",
         );

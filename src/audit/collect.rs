@@ -12,6 +12,7 @@ use ttrpc::r#async::TtrpcContext;
 use super::{AuditError, Snapshot};
 use crate::node::lock;
 use crate::node::runtime::RuntimeQuirks;
+use crate::nri::lean_sync::{self, Object};
 use crate::nri::proto::{api, api_ttrpc};
 use crate::nri::reassembly::SyncReassembler;
 use crate::nri::session::{self, Identity};
@@ -22,8 +23,45 @@ struct SnapshotPlugin {
     done: Mutex<Option<oneshot::Sender<Snapshot>>>,
 }
 
-/// The audit keeps the reassembled snapshot: it decodes every chunk.
-impl crate::nri::lean_sync::SynchronizeEncoded for SnapshotPlugin {}
+/// Each message goes to the reassembler still encoded; the whole
+/// Synchronize is decoded once, for the report.
+#[async_trait]
+impl lean_sync::SynchronizeEncoded for SnapshotPlugin {
+    async fn synchronize_encoded(
+        &self,
+        ctx: &TtrpcContext,
+        payload: Vec<u8>,
+    ) -> ttrpc::Result<Vec<u8>> {
+        let timeout = crate::nri::session::request_timeout(ctx);
+        let whole = lock(&self.partial).push(&payload, timeout, Instant::now());
+        drop(payload);
+        let whole = whole.map_err(lean_sync::invalid_request)?;
+        let more = whole.is_none();
+        if let Some(whole) = whole {
+            let mut snapshot = whole.held.decode().map_err(lean_sync::invalid_request)?;
+            snapshot.left_out = whole.dropped;
+            if let Some(tx) = lock(&self.done).take() {
+                let _ = tx.send(snapshot);
+            }
+        }
+        let answer = api::SynchronizeResponse {
+            more,
+            ..Default::default()
+        };
+        protobuf::Message::write_to_bytes(&answer).map_err(lean_sync::not_encodable)
+    }
+}
+
+/// What audit builds from one object once the Synchronize is whole: the
+/// object decoded (its strings and the structs of its resources), and for
+/// a container its lines of the report, which repeat its names and paths.
+/// Measured by `tests/wire_bounds.rs` against the process's peak.
+fn audit_cost(o: &Object) -> usize {
+    match o {
+        Object::Pod(_) => 1_024 + 2 * o.framed_len(),
+        Object::Container(_) => 2_048 + 3 * o.framed_len(),
+    }
+}
 
 #[async_trait]
 impl api_ttrpc::Plugin for SnapshotPlugin {
@@ -46,25 +84,6 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
         })
     }
 
-    async fn synchronize(
-        &self,
-        ctx: &TtrpcContext,
-        req: api::SynchronizeRequest,
-    ) -> ttrpc::Result<api::SynchronizeResponse> {
-        let more = req.more;
-        let timeout = crate::nri::session::request_timeout(ctx);
-        let whole = lock(&self.partial).push(req, timeout, Instant::now());
-        if let Some(whole) = whole {
-            if let Some(tx) = lock(&self.done).take() {
-                let _ = tx.send(whole.snapshot);
-            }
-        }
-        Ok(api::SynchronizeResponse {
-            more,
-            ..Default::default()
-        })
-    }
-
     async fn state_change(
         &self,
         _ctx: &TtrpcContext,
@@ -74,9 +93,9 @@ impl api_ttrpc::Plugin for SnapshotPlugin {
     }
 }
 
-/// Takes one Synchronize from the runtime at `socket`, and what its
-/// Configure said of it.
-/// `sync_budget` bounds the bytes its chunks may hold, as in the plugin.
+/// Takes one Synchronize from the runtime at `socket`.
+/// `sync_budget` bounds the memory its Synchronize may take, as in the
+/// plugin.
 pub async fn collect(
     socket: &Path,
     limit: Duration,
@@ -90,7 +109,7 @@ pub async fn collect(
         })?;
     let (tx, rx) = oneshot::channel();
     let plugin = Arc::new(SnapshotPlugin {
-        partial: Mutex::new(SyncReassembler::with_budget(sync_budget)),
+        partial: Mutex::new(SyncReassembler::new(sync_budget, audit_cost)),
         runtime: Mutex::new(RuntimeQuirks::default()),
         done: Mutex::new(Some(tx)),
     });
@@ -100,7 +119,7 @@ pub async fn collect(
     };
     let mut session = Box::pin(session::serve(
         trunk,
-        crate::nri::lean_sync::create_plugin(plugin.clone()),
+        lean_sync::create_plugin(plugin.clone()),
         &identity,
         async { true },
     ));

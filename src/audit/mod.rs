@@ -135,6 +135,12 @@ pub fn audit(
     api_pods: Option<&dyn ContainerRequests>,
 ) -> AuditReport {
     let mut report = AuditReport::default();
+    if snap.left_out > 0 {
+        report.skipped.push(format!(
+            "{} pods and containers of the runtime's Synchronize: past plugin.sync-budget-mib (raise it for audit, e.g. NRI_QOS_PLUGIN_SYNC_BUDGET_MIB=32)",
+            snap.left_out
+        ));
+    }
     let pods: HashMap<&str, &api::PodSandbox> =
         snap.pods.iter().map(|p| (p.id.as_str(), p)).collect();
     let kubelet_pods =

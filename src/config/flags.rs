@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use super::{Config, ConfigError};
+use crate::guard::ThrottleConfig;
 use crate::nri::Identity;
 use crate::observability::LogFormat;
-use crate::pressure::config::{HumanDuration, MonitorConfig, Quantity};
+use crate::pressure::config::{HumanDuration, MonitorConfig, SizeOrPercent};
 use crate::pressure::Paths;
 
 /// Flags of `nri-qos run` (the default command).
@@ -106,12 +107,14 @@ impl Config {
             cfg.plugin.index = id.index;
         }
         cfg.validate()?;
+        cfg.check_guarded()?;
         Ok(cfg)
     }
 }
 
-/// Node memory-pressure monitor: PSI-triggered, kills whole pods in the
-/// kubelet's order before the kernel OOM killer fires.
+/// Node memory-pressure monitor (and the memory.high throttle guard beside
+/// it): PSI-triggered, kills whole pods in the kubelet's order before the
+/// kernel OOM killer fires.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MonitorArgs {
     /// cgroup v2 mount point (default: node.cgroup-root, /sys/fs/cgroup).
@@ -124,8 +127,8 @@ pub struct MonitorArgs {
     // `--help` prints this text: the brackets name TOML tables, not links.
     #[allow(rustdoc::broken_intra_doc_links)]
     /// Config file (default: /etc/nri-qos/nri-qos.toml when it exists); the
-    /// monitor uses its [monitor], [throttle] and [node] tables and
-    /// plugin.log-level.
+    /// monitor and the throttle guard beside it use its [monitor],
+    /// [throttle] and [node] tables and plugin.log-level.
     #[arg(long, short = 'c', env = "NRI_QOS_CONFIG")]
     pub config: Option<PathBuf>,
     /// Log what would be done; no reclaim, memory.high or kill (PSI triggers
@@ -134,10 +137,10 @@ pub struct MonitorArgs {
     pub dry_run: bool,
     /// Overrides hard-threshold, e.g. 100Mi or 2%.
     #[arg(long)]
-    pub hard_threshold: Option<Quantity>,
+    pub hard_threshold: Option<SizeOrPercent>,
     /// Overrides soft-threshold (0 = off).
     #[arg(long)]
-    pub soft_threshold: Option<Quantity>,
+    pub soft_threshold: Option<SizeOrPercent>,
     /// Overrides soft-grace-period, e.g. 2s.
     #[arg(long)]
     pub soft_grace_period: Option<HumanDuration>,
@@ -165,6 +168,8 @@ pub struct MonitorArgs {
 #[derive(Debug, Clone)]
 pub struct MonitorSettings {
     pub monitor: MonitorConfig,
+    /// The throttle guard beside it (`[throttle]`).
+    pub throttle: ThrottleConfig,
     pub paths: Paths,
     pub log_format: LogFormat,
     pub log_level: String,
@@ -213,7 +218,8 @@ impl MonitorArgs {
         }
         cfg.validate()?;
         Ok(MonitorSettings {
-            monitor: cfg.monitor_config(),
+            monitor: cfg.monitor.clone(),
+            throttle: cfg.throttle.clone(),
             paths: cfg.monitor_paths(),
             log_format: cfg.plugin.log_format,
             log_level: cfg.plugin.log_level,

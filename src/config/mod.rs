@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::evict::{EvictConfig, PodTree};
+use crate::guard::{ThrottleConfig, UnguardedMemoryHigh};
 use crate::keeper::HierarchyConfig;
 use crate::kube::KubernetesConfig;
-use crate::pressure::throttle::ThrottleConfig;
 use crate::pressure::MonitorConfig;
 use crate::qos::policy::PolicyError;
 use crate::qos::PolicyConfig;
@@ -40,7 +41,7 @@ pub struct Config {
     pub policy: PolicyConfig,
     pub hierarchy: HierarchyConfig,
     pub monitor: MonitorConfig,
-    /// The memory.high throttle guard of the monitor.
+    /// The memory.high throttle guard, in the plugin's process.
     pub throttle: ThrottleConfig,
     pub metrics: MetricsConfig,
     pub kubernetes: KubernetesConfig,
@@ -66,7 +67,8 @@ pub struct PluginConfig {
     /// Also append logs to this file (stderr always gets them).
     pub log_file: Option<PathBuf>,
     /// Run the node pressure monitor in the plugin process, fed with the
-    /// runtime's pod list.
+    /// runtime's pod list. (The throttle guard runs there whatever this
+    /// says, unless `[throttle] enabled = false`.)
     pub with_monitor: bool,
     /// Most a chunked Synchronize may hold while it is reassembled, in MiB
     /// (plugin and `audit`); past it we answer with what fits.
@@ -84,7 +86,7 @@ impl Default for PluginConfig {
             log_format: LogFormat::Text,
             log_level: "info".into(),
             log_file: None,
-            with_monitor: false,
+            with_monitor: true,
             sync_budget_mib: DEFAULT_SYNC_BUDGET_MIB,
         }
     }
@@ -158,6 +160,16 @@ pub enum ConfigError {
         field: &'static str,
         reason: EnvValueError,
     },
+    #[error(
+        "policy.memory-high = true puts memory.high on Burstable and BestEffort containers, but {guard_off}: \
+         no throttle guard would relax a container stuck between memory.high and memory.max, which the kernel \
+         never resolves. Turn the guard on ([throttle] enabled = true, dry-run = false), or set [policy] \
+         memory-high = false, or accept the risk with [throttle] unguarded-memory-high = \"accept\""
+    )]
+    Unguarded {
+        /// The key(s) that leave memory.high unguarded, as set.
+        guard_off: String,
+    },
 }
 
 /// A `hierarchy.budget-share` that is not a share of memory.
@@ -176,9 +188,12 @@ pub enum DropInError {
     Policy(#[from] PolicyError),
 }
 
-/// `plugin.sync-budget-mib`: a node of 1,000 pods / 3,000 containers needs
-/// about 2 MiB; 1 GiB would already be a peer's attack, not a node.
-pub const DEFAULT_SYNC_BUDGET_MIB: u64 = 64;
+/// `plugin.sync-budget-mib`: a node of 1,000 pods / 3,000 containers takes
+/// about 5.5 MiB, and a Synchronize as large as 8 MiB admits is decided and
+/// answered inside the runtime's 2 s on a loaded 2-core node, 64 MiB's is
+/// not (docs/protocol.md, "The Synchronize budget"); 1 GiB would already
+/// be a peer's attack, not a node.
+pub const DEFAULT_SYNC_BUDGET_MIB: u64 = 8;
 pub const MAX_SYNC_BUDGET_MIB: u64 = 1024;
 
 impl PluginConfig {
@@ -318,11 +333,10 @@ impl Config {
 }
 
 impl Config {
-    /// The monitor's settings: `[monitor]` with its `[throttle]` table.
-    pub fn monitor_config(&self) -> MonitorConfig {
-        let mut m = self.monitor.clone();
-        m.throttle = self.throttle.clone();
-        m
+    /// The eviction path's settings (`[monitor]`'s safeguards), for the
+    /// node-pressure monitor and the throttle guard alike.
+    pub fn evict_config(&self) -> EvictConfig {
+        (&self.monitor).into()
     }
 
     /// Where the monitor reads the node from.
@@ -332,6 +346,47 @@ impl Config {
             proc_root: self.node.proc_root.clone(),
         }
     }
+
+    /// Where the pods live, for the monitor and the guard.
+    pub fn pod_tree(&self) -> PodTree {
+        self.monitor.pod_tree(&self.monitor_paths())
+    }
+
+    /// The plugin's own rule: memory.high only where a throttle guard acts
+    /// on it, unless the operator accepts the risk outright. Checked at
+    /// start and by `check-config`; `nri-qos monitor` sets no memory.high.
+    pub fn check_guarded(&self) -> Result<(), ConfigError> {
+        unguarded(
+            &self.policy,
+            self.plugin.dry_run,
+            &self.throttle,
+            self.monitor.dry_run,
+        )
+    }
+}
+
+/// [`Config::check_guarded`] on its parts (the runtime's drop-in may bring
+/// its own `[policy]` and dry-run).
+fn unguarded(
+    policy: &PolicyConfig,
+    plugin_dry_run: bool,
+    guard: &ThrottleConfig,
+    monitor_dry_run: bool,
+) -> Result<(), ConfigError> {
+    let sets_high = policy.memory_high && !plugin_dry_run;
+    let accepted = guard.unguarded_memory_high == UnguardedMemoryHigh::Accept;
+    if !sets_high || accepted || guard.acts(monitor_dry_run) {
+        return Ok(());
+    }
+    let off = [
+        (!guard.enabled, "throttle.enabled = false"),
+        (guard.dry_run, "throttle.dry-run = true"),
+        (monitor_dry_run, "monitor.dry-run = true"),
+    ];
+    let guard_off: Vec<&str> = off.iter().filter(|(on, _)| *on).map(|(_, k)| *k).collect();
+    Err(ConfigError::Unguarded {
+        guard_off: guard_off.join(" and "),
+    })
 }
 
 /// The runtime drop-in layer: `base` with the drop-in's `[policy]` keys and
@@ -362,7 +417,15 @@ pub fn layer_drop_in(
     Ok((policy, dry_run))
 }
 
-/// [`layer_drop_in`] over `base` as the plugin's [`crate::nri::plugin::DropInLayer`].
-pub fn drop_in_layer(base: PolicyConfig, base_dry_run: bool) -> crate::nri::plugin::DropInLayer {
-    std::sync::Arc::new(move |text: &str| Ok(layer_drop_in(&base, base_dry_run, text)?))
+/// [`layer_drop_in`] over `base`'s policy and dry-run as the plugin's
+/// [`crate::nri::plugin::DropInLayer`]. A drop-in that would set
+/// memory.high where `base` runs no guard is refused like the file.
+pub fn drop_in_layer(base: &Config) -> crate::nri::plugin::DropInLayer {
+    let (policy, dry_run) = (base.policy.clone(), base.plugin.dry_run);
+    let (guard, monitor_dry_run) = (base.throttle.clone(), base.monitor.dry_run);
+    std::sync::Arc::new(move |text: &str| {
+        let (p, d) = layer_drop_in(&policy, dry_run, text)?;
+        unguarded(&p, d, &guard, monitor_dry_run).map_err(DropInError::from)?;
+        Ok((p, d))
+    })
 }

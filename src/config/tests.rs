@@ -1,5 +1,5 @@
 use super::*;
-use crate::pressure::config::Quantity;
+use crate::pressure::config::SizeOrPercent;
 use clap::Parser;
 
 #[test]
@@ -182,8 +182,8 @@ fn env_sets_each_field() {
         ("NRI_QOS_PLUGIN_LOG_LEVEL", "nri_qos=debug", |c| {
             c.plugin.log_level == "nri_qos=debug"
         }),
-        ("NRI_QOS_PLUGIN_SYNC_BUDGET_MIB", "8", |c| {
-            c.plugin.sync_budget_bytes() == 8 << 20
+        ("NRI_QOS_PLUGIN_SYNC_BUDGET_MIB", "16", |c| {
+            c.plugin.sync_budget_bytes() == 16 << 20
         }),
         ("NRI_QOS_PLUGIN_LOG_FILE", "/var/log/q.log", |c| {
             c.plugin.log_file.as_deref() == Some(Path::new("/var/log/q.log"))
@@ -381,8 +381,8 @@ fn pressure_cli_flags_override_file() {
     assert_eq!(paths.cgroup_root, PathBuf::from("/tmp/cg"));
     assert_eq!(paths.proc_root, PathBuf::from("/proc"));
     assert!(cfg.dry_run);
-    assert_eq!(cfg.hard_threshold, Quantity::Bytes(200 << 20));
-    assert_eq!(cfg.soft_threshold, Quantity::Bytes(0));
+    assert_eq!(cfg.hard_threshold, SizeOrPercent::Bytes(200 << 20));
+    assert_eq!(cfg.soft_threshold, SizeOrPercent::Bytes(0));
     assert_eq!(cfg.cooldown.to_string(), "3s");
     assert_eq!(cfg.check_interval.to_string(), "250ms");
     assert!(Wrap::try_parse_from(["x", "--hard-threshold", "lots"]).is_err());
@@ -485,5 +485,94 @@ fn plugin_layers_end_with_flags_then_the_runtime_given_name() {
     assert_eq!(
         (cfg.plugin.name.as_str(), cfg.plugin.index.as_str()),
         ("rt", "07")
+    );
+}
+
+/// memory.high is set only where a throttle guard acts on it: the defaults
+/// are guarded, the guard off (or only logging) is refused naming both
+/// keys, and only an outright `accept` (or no memory.high) passes.
+#[test]
+fn memory_high_without_a_guard_is_refused_unless_accepted() {
+    let load = |text: &str| Config::from_toml(text, Path::new("c.toml")).unwrap();
+    assert!(Config::default().check_guarded().is_ok());
+    assert!(
+        Config::default().plugin.with_monitor,
+        "the monitor runs by default"
+    );
+    assert!(
+        Config::default().throttle.enabled,
+        "the guard runs by default"
+    );
+    // The guard runs whatever with-monitor says.
+    assert!(load("[plugin]\nwith-monitor = false\n")
+        .check_guarded()
+        .is_ok());
+    type Change = fn(&mut Config);
+    let guard_off: [(Change, &str); 3] = [
+        (|c| c.throttle.enabled = false, "throttle.enabled = false"),
+        (|c| c.throttle.dry_run = true, "throttle.dry-run = true"),
+        (|c| c.monitor.dry_run = true, "monitor.dry-run = true"),
+    ];
+    let fine: [Change; 3] = [
+        |c| c.throttle.unguarded_memory_high = crate::guard::UnguardedMemoryHigh::Accept,
+        |c| c.policy.memory_high = false,
+        |c| c.plugin.dry_run = true,
+    ];
+    for (off, key) in guard_off {
+        let mut cfg = Config::default();
+        off(&mut cfg);
+        let e = cfg.check_guarded().unwrap_err().to_string();
+        assert!(e.contains("policy.memory-high = true"), "{key}: {e}");
+        assert!(e.contains(key), "{key}: {e}");
+        assert!(
+            e.contains("unguarded-memory-high = \"accept\""),
+            "{key}: {e}"
+        );
+        for ok in fine {
+            let mut cfg = cfg.clone();
+            ok(&mut cfg);
+            assert!(cfg.check_guarded().is_ok(), "{key}");
+        }
+    }
+    let e = load("[throttle]\nenabled = false\n[monitor]\ndry-run = true\n")
+        .check_guarded()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("throttle.enabled = false and monitor.dry-run = true"),
+        "{e}"
+    );
+    let accepted = "[throttle]\nenabled = false\nunguarded-memory-high = \"accept\"\n";
+    assert!(load(accepted).check_guarded().is_ok());
+}
+
+/// The same rule at start (the plugin's layers) and for the runtime's
+/// drop-in, which may bring its own `[policy]`: refused with the reason,
+/// and the plugin keeps what it has.
+#[test]
+fn the_guard_rule_holds_at_start_and_for_the_drop_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("nri-qos.toml");
+    std::fs::write(
+        &file,
+        "[throttle]\nenabled = false\n[policy]\nmemory-high = false\n",
+    )
+    .unwrap();
+    let vars = || env(&[("NRI_QOS_CONFIG", file.to_str().unwrap())]);
+    let cfg = Config::for_plugin(&RunArgs::default(), vars(), &Launch::default()).unwrap();
+    let layer = drop_in_layer(&cfg);
+    let e = layer("[policy]\nmemory-high = true\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("throttle.enabled = false"), "{e}");
+    assert!(layer("[policy]\ncpu-weight = \"linear\"\n").is_ok());
+
+    std::fs::write(&file, "[throttle]\nenabled = false\n").unwrap();
+    let e = Config::for_plugin(&RunArgs::default(), vars(), &Launch::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("policy.memory-high = true") && e.contains("throttle.enabled = false"),
+        "{e}"
     );
 }

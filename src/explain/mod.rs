@@ -76,9 +76,9 @@ pub struct ContainerReport {
     pub memory_high: Value,
     /// Bytes, or "max".
     pub memory_max: Value,
-    /// A finite memory.high below memory.max: where the monitor runs, its
-    /// throttle guard watches this container (`[throttle]`) and raises
-    /// memory.high to memory.max when it stays throttled.
+    /// A finite memory.high below memory.max: the throttle guard watches
+    /// this container (`[throttle]`) and raises memory.high to memory.max
+    /// when it stays throttled.
     pub throttle_guard: bool,
     pub oom_score_adj: i64,
     /// The memory request the policy worked with, and where it came from.

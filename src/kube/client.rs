@@ -392,7 +392,7 @@ impl ApiThread {
             delete_options: Some(DeleteParams {
                 // Past the hard threshold the cgroup is gone already; the
                 // kubelet uses no grace for hard evictions either.
-                grace_period_seconds: n.hard.then_some(0),
+                grace_period_seconds: n.hard().then_some(0),
                 // This pod, not a namesake created since.
                 preconditions: Some(Preconditions {
                     uid: Some(n.uid.clone()),
@@ -425,7 +425,7 @@ impl ApiThread {
         let killed = !waited;
         match (outcome, killed) {
             (EvictOutcome::Created, _) => {
-                info!(pod = %format_args!("{}/{}", n.namespace, n.name), hard = n.hard, "Eviction created")
+                info!(pod = %format_args!("{}/{}", n.namespace, n.name), hard = n.hard(), "Eviction created")
             }
             (EvictOutcome::RefusedByPdb, true) => warn!(
                 pod = %format_args!("{}/{}", n.namespace, n.name),

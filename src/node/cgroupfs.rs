@@ -326,7 +326,7 @@ impl Owner {
     }
 }
 
-/// A container the monitor's throttle guard relaxed, judged from the tree
+/// A container the throttle guard relaxed, judged from the tree
 /// alone (so it holds across a restart of the plugin): its memory.high
 /// (`high`, as in the file) is its memory.max, which the guard raises it to
 /// (`max` when it has no limit), while the policy wants `wanted`, a lower

@@ -1,9 +1,10 @@
-//! What the monitor tells the cluster about an eviction, when something
-//! (the optional Kubernetes source, `crate::kube`) can: an Eviction through
-//! the API moves the pod, where killing its cgroup only gets its containers
-//! restarted in place; an Event on the pod says when the throttle guard
-//! relaxed a container's memory.high. The monitor never needs it and never
-//! waits on it past the hard threshold (nor ever for a relax notice).
+//! What the node-pressure monitor and the throttle guard tell the cluster
+//! about an eviction, when something (the optional Kubernetes source,
+//! `crate::kube`) can: an Eviction through the API moves the pod, where
+//! killing its cgroup only gets its containers restarted in place; an Event
+//! on the pod says when the throttle guard relaxed a container's
+//! memory.high. Neither needs it, and nothing waits on it past the hard
+//! threshold (nor ever for a relax notice).
 
 use std::time::Duration;
 
@@ -13,16 +14,63 @@ pub struct EvictionNotice {
     pub uid: String,
     pub namespace: String,
     pub name: String,
-    /// Past the hard threshold: the cgroup is killed whatever the API says.
-    pub hard: bool,
-    /// memory.available and where it came from.
-    pub available: u64,
-    pub signal: String,
-    /// The threshold that was crossed, in bytes.
-    pub threshold: u64,
+    pub reason: EvictionReason,
     pub working_set: u64,
     pub request: u64,
     pub request_source: String,
+}
+
+/// Why a pod is evicted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EvictionReason {
+    /// Node memory below a threshold.
+    NodePressure {
+        /// Past the hard threshold: the cgroup is killed whatever the API says.
+        hard: bool,
+        /// memory.available and where it came from.
+        available: u64,
+        signal: String,
+        /// The threshold that was crossed, in bytes.
+        threshold: u64,
+    },
+    /// A container of the pod stayed throttled or stalled past the throttle
+    /// guard's grace period, also after its memory.high was relaxed (or
+    /// where relaxing could not help).
+    Throttle {
+        /// The signal that held: `high`, `max` or `psi`.
+        signal: String,
+        grace: String,
+    },
+}
+
+impl EvictionNotice {
+    /// Past the hard threshold: no grace period, the cgroup is gone already.
+    pub fn hard(&self) -> bool {
+        matches!(self.reason, EvictionReason::NodePressure { hard: true, .. })
+    }
+}
+
+impl std::fmt::Display for EvictionReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EvictionReason::NodePressure {
+                hard,
+                available,
+                signal,
+                threshold,
+            } => write!(
+                f,
+                "{signal} {available} below the {} threshold {threshold}",
+                if *hard { "hard" } else { "soft" }
+            ),
+            EvictionReason::Throttle { signal, grace } => {
+                write!(
+                    f,
+                    "memory.high throttle ({signal}) past the {grace} grace period"
+                )
+            }
+        }
+    }
 }
 
 /// How the API server answered an Eviction.
@@ -57,8 +105,9 @@ pub struct RelaxNotice {
 /// The cluster side of evictions. Implementations must not block the
 /// caller beyond the limit it passes.
 pub trait ClusterEvictions: Send + Sync {
-    /// Soft threshold: create the Eviction and wait at most `limit` for
-    /// the answer (a refusal passes the turn to the next candidate).
+    /// Soft threshold or throttle guard: create the Eviction and wait at
+    /// most `limit` for the answer (a refusal passes the turn to the next
+    /// candidate).
     fn evict(&self, notice: &EvictionNotice, limit: Duration) -> EvictOutcome;
     /// Hard threshold: the cgroup was killed; record the Eviction and the
     /// Event in the background, never waiting.
@@ -68,6 +117,7 @@ pub trait ClusterEvictions: Send + Sync {
     fn memory_high_relaxed(&self, notice: RelaxNotice);
 }
 
-/// How long the monitor waits for the API server's answer at the soft
-/// threshold (the soft band has time; past the hard one nothing waits).
+/// How long an eviction waits for the API server's answer at the soft
+/// threshold or for the throttle guard (both have time; past the hard
+/// threshold nothing waits).
 pub const SOFT_EVICTION_WAIT: Duration = Duration::from_secs(2);

@@ -1,8 +1,8 @@
-//! How the monitor's throttle guard raises a container's memory.high
-//! without knowing who carries it out: the cgroup file (the default, and
-//! the standalone monitor's only way), or the runtime through NRI
-//! (`nri::relax`, only with `[throttle] relax-via = "runtime"`). The monitor
-//! calls a [`Relaxer`]; the app wires the concrete one from [`RelaxVia`].
+//! How the throttle guard raises a container's memory.high without knowing
+//! who carries it out: the cgroup file (the default, and the only way
+//! outside the plugin), or the runtime through NRI (`nri::relax`, only with
+//! `[throttle] relax-via = "runtime"`). The guard calls a [`Relaxer`]; the
+//! app wires the concrete one from [`RelaxVia`].
 
 use std::path::PathBuf;
 
@@ -37,10 +37,25 @@ pub struct RelaxRequest {
     pub value: String,
 }
 
-/// How a relax reaches the kernel. The monitor calls it from its own
+/// Why a relax did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum RelaxError {
+    /// The cgroup file could not be written.
+    #[error(transparent)]
+    File(#[from] crate::node::cgroupfs::WriteError),
+    /// The runtime route's queue is full: relaxes are already waiting for
+    /// the runtime, so this one is dropped and the guard looks again.
+    #[error("relax queue full ({0} waiting for the runtime)")]
+    QueueFull(usize),
+    /// The task that talks to the runtime has stopped.
+    #[error("relax queue closed: the runtime route's task has stopped")]
+    QueueClosed,
+}
+
+/// How a relax reaches the kernel. The guard calls it from its own
 /// thread, never from an NRI handler; it must not block for long.
 pub trait Relaxer: Send + Sync {
     /// Raises the container's memory.high to the request's value.
     /// Returns the route taken, for the decision's log line.
-    fn relax(&self, r: &RelaxRequest) -> Result<&'static str, String>;
+    fn relax(&self, r: &RelaxRequest) -> Result<&'static str, RelaxError>;
 }

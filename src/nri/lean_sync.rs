@@ -6,29 +6,37 @@
 //! parser builds all of it (some 384 bytes of structs per container before
 //! any of those lists); this decoder keeps the same `api` types but fills
 //! only what is read and skips the rest on the wire. A plugin may take the
-//! message still encoded ([`SynchronizeEncoded`]): the plugin's own
-//! decodes a Synchronize sent as one message pod by pod from its bytes
-//! ([`index_synchronize`]); otherwise the request's bytes are freed before
-//! the handler runs. What it keeps is exactly what the generated parser
-//! gives for those fields (tested against it).
+//! message still encoded ([`SynchronizeEncoded`]): the plugin and `audit`
+//! hand it to the reassembler, which decodes it one object at a time
+//! ([`for_each_object`]) and keeps the objects re-encoded; the plugin
+//! decodes those pod by pod ([`index_synchronize`]). Otherwise the
+//! request's bytes are freed before the handler runs. What it keeps is
+//! exactly what the generated parser gives for those fields (tested
+//! against it).
 //!
-//! Kept: a pod's id, name, uid, namespace, labels, annotations and its
-//! `linux.cgroup_parent` and `linux.pod_resources`; a container's id,
-//! pod_sandbox_id, name, state, labels, annotations, pid and its
+//! Kept: a pod's id, name, uid, namespace, the annotations the policy
+//! reads ([`policy::reads_pod_annotation`]) and its `linux.cgroup_parent`
+//! and `linux.pod_resources`; a container's id, pod_sandbox_id, name,
+//! state, the annotations the policy reads
+//! ([`view::reads_container_annotation`]), pid and its
 //! `linux.resources`, `linux.oom_score_adj` and `linux.cgroups_path`; of
-//! resources, memory, cpu and unified.
+//! resources, memory, cpu and unified. Labels are never read: a peer's
+//! maps of any size cost nothing beyond decoding. Of a map, at most
+//! [`MAP_ENTRIES`] entries of at most [`ENTRY_BYTES`] each are kept.
 
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use protobuf::{CodedInputStream, Message};
+use protobuf::{CodedInputStream, CodedOutputStream, Message};
 use ttrpc::r#async::{MethodHandler, TtrpcContext};
 
 use super::mux::Services;
 use super::proto::api;
 use super::proto::api_ttrpc::{self, Plugin};
+use super::view;
+use crate::qos::policy;
 
 const PLUGIN_SERVICE: &str = "nri.pkg.api.v1alpha1.Plugin";
 
@@ -115,28 +123,137 @@ type Is<'a> = CodedInputStream<'a>;
 /// A Synchronize chunk with only the fields nri-qos reads (see the module
 /// comment); an error for bytes that are not a valid message.
 pub fn decode_synchronize(bytes: &[u8]) -> protobuf::Result<api::SynchronizeRequest> {
-    let mut is = CodedInputStream::from_bytes(bytes);
     let mut req = api::SynchronizeRequest::new();
+    let walked = for_each_object(bytes, |o| {
+        match o {
+            Object::Pod(p) => req.pods.push(p),
+            Object::Container(c) => req.containers.push(c),
+        }
+        Next::Decode
+    })?;
+    req.more = walked.more;
+    Ok(req)
+}
+
+/// A pod or a container of a Synchronize, with only the fields nri-qos
+/// reads.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    Pod(api::PodSandbox),
+    Container(api::Container),
+}
+
+impl Object {
+    /// Its bytes as a field of a SynchronizeRequest (tag, length, body).
+    pub fn framed_len(&self) -> usize {
+        let body = match self {
+            Object::Pod(p) => p.compute_size(),
+            Object::Container(c) => c.compute_size(),
+        };
+        let framed = 1 + protobuf::rt::compute_raw_varint64_size(body) + body;
+        usize::try_from(framed).unwrap_or(usize::MAX)
+    }
+
+    /// Appends it to `out` as a field of a SynchronizeRequest
+    /// ([`Self::framed_len`] bytes, which must be called first: its sizes
+    /// are the ones written).
+    pub fn write_framed(&self, out: &mut Vec<u8>) -> protobuf::Result<()> {
+        let mut os = CodedOutputStream::vec(out);
+        match self {
+            Object::Pod(p) => write_field(&mut os, 1, p)?,
+            Object::Container(c) => write_field(&mut os, 2, c)?,
+        }
+        os.flush()
+    }
+}
+
+/// `m` as length-delimited field `field`, with the sizes last computed.
+fn write_field(
+    os: &mut CodedOutputStream<'_>,
+    field: u32,
+    m: &impl Message,
+) -> protobuf::Result<()> {
+    os.write_raw_varint32(field << 3 | 2)?;
+    os.write_raw_varint32(m.cached_size())?;
+    m.write_to_with_cached_sizes(os)
+}
+
+/// What [`for_each_object`] is to do with the objects after one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    Decode,
+    /// Count them, nothing of them decoded.
+    Count,
+}
+
+/// A Synchronize chunk walked by [`for_each_object`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walked {
+    pub more: bool,
+    /// Objects counted, not decoded.
+    pub counted: usize,
+}
+
+/// Decodes a Synchronize chunk (see the module comment) one object at a
+/// time, each handed to `each` as soon as it is decoded, so that a chunk's
+/// objects are never all alive at once, until `each` says to only count
+/// the rest. An error for bytes that are not a valid message, after the
+/// objects before the fault were handed over.
+pub fn for_each_object(
+    bytes: &[u8],
+    mut each: impl FnMut(Object) -> Next,
+) -> protobuf::Result<Walked> {
+    let mut is = CodedInputStream::from_bytes(bytes);
+    let (mut next, mut walked) = (
+        Next::Decode,
+        Walked {
+            more: false,
+            counted: 0,
+        },
+    );
     while let Some(tag) = is.read_raw_tag_or_eof()? {
-        match tag {
-            10 => {
-                req.pods.push(message(&mut is, pod_fields)?);
+        match (tag, next) {
+            (10 | 18, Next::Count) => {
+                walked.counted += 1;
+                skip(&mut is, tag)?;
             }
-            18 => {
-                req.containers.push(message(&mut is, container_fields)?);
+            (10, Next::Decode) => next = each(Object::Pod(message(&mut is, pod_fields)?)),
+            (18, Next::Decode) => {
+                next = each(Object::Container(message(&mut is, container_fields)?))
             }
-            24 => req.more = is.read_bool()?,
+            (24, _) => walked.more = is.read_bool()?,
             _ => skip(&mut is, tag)?,
         }
     }
-    Ok(req)
+    Ok(walked)
+}
+
+/// A Synchronize chunk's pods and containers counted, and its `more`,
+/// nothing of them decoded: for a chunk too late to keep.
+pub fn count_objects(bytes: &[u8]) -> protobuf::Result<Walked> {
+    let mut is = CodedInputStream::from_bytes(bytes);
+    let mut walked = Walked {
+        more: false,
+        counted: 0,
+    };
+    while let Some(tag) = is.read_raw_tag_or_eof()? {
+        match tag {
+            24 => walked.more = is.read_bool()?,
+            10 | 18 => {
+                walked.counted += 1;
+                skip(&mut is, tag)?;
+            }
+            _ => skip(&mut is, tag)?,
+        }
+    }
+    Ok(walked)
 }
 
 /// A Synchronize message whose pods and containers are only located, to be
 /// decoded by [`decode_pod`] and [`decode_container`] when their pod's turn
 /// comes: the whole message decoded at once took ~1.5 KB of heap per
 /// container for ~170 B on the wire.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Indexed {
     /// Each pod's bytes in the message, in the order sent, and its id.
     pub pods: Vec<(Range<usize>, String)>,
@@ -147,9 +264,10 @@ pub struct Indexed {
     pub more: bool,
 }
 
-/// [`decode_synchronize`], but the containers only located (see
-/// [`Indexed`]). Each is decoded once here, so bytes that
-/// [`decode_synchronize`] refuses are refused here too.
+/// A Synchronize's pods and containers located (see [`Indexed`]), only
+/// their ids read: for the reassembler's own encoding
+/// ([`crate::nri::reassembly::Held`]), which needs no checking. A field
+/// sent twice counts as sent last, as [`decode_synchronize`] takes it.
 pub fn index_synchronize(bytes: &[u8]) -> protobuf::Result<Indexed> {
     let mut is = CodedInputStream::from_bytes(bytes);
     let mut pods = Vec::new();
@@ -158,15 +276,10 @@ pub fn index_synchronize(bytes: &[u8]) -> protobuf::Result<Indexed> {
     while let Some(tag) = is.read_raw_tag_or_eof()? {
         match tag {
             10 => {
-                let start = position(&is);
-                let p: api::PodSandbox = message(&mut is, pod_fields)?;
-                pods.push((start..position(&is), p.id));
+                let (at, id) = located_with(&mut is, bytes, 10)?;
+                pods.push((at, id.to_string()));
             }
-            18 => {
-                let start = position(&is);
-                let c: api::Container = message(&mut is, container_fields)?;
-                located.push((start..position(&is), c.pod_sandbox_id));
-            }
+            18 => located.push(located_with(&mut is, bytes, 18)?),
             24 => more = is.read_bool()?,
             _ => skip(&mut is, tag)?,
         }
@@ -177,7 +290,7 @@ pub fn index_synchronize(bytes: &[u8]) -> protobuf::Result<Indexed> {
     }
     let containers = located
         .into_iter()
-        .map(|(range, pod)| (range, by_id.get(pod.as_str()).copied()))
+        .map(|(range, pod)| (range, by_id.get(pod).copied()))
         .collect();
     drop(by_id);
     Ok(Indexed {
@@ -185,20 +298,6 @@ pub fn index_synchronize(bytes: &[u8]) -> protobuf::Result<Indexed> {
         containers,
         more,
     })
-}
-
-/// Whether a Synchronize chunk says more follow: its top-level fields
-/// only, the pods and containers skipped.
-pub fn says_more(bytes: &[u8]) -> protobuf::Result<bool> {
-    let mut is = CodedInputStream::from_bytes(bytes);
-    let mut more = false;
-    while let Some(tag) = is.read_raw_tag_or_eof()? {
-        match tag {
-            24 => more = is.read_bool()?,
-            _ => skip(&mut is, tag)?,
-        }
-    }
-    Ok(more)
 }
 
 /// One pod located by [`index_synchronize`] (its length and body).
@@ -213,6 +312,33 @@ pub fn decode_container(located: &[u8]) -> protobuf::Result<api::Container> {
 
 fn position(is: &Is<'_>) -> usize {
     usize::try_from(is.pos()).unwrap_or(usize::MAX)
+}
+
+/// A submessage of `bytes` located (its length and body) and its string
+/// field `tag` (the last one sent; empty when absent or not UTF-8),
+/// borrowed from `bytes`.
+fn located_with<'a>(
+    is: &mut Is<'_>,
+    bytes: &'a [u8],
+    want: u32,
+) -> protobuf::Result<(Range<usize>, &'a str)> {
+    let start = position(is);
+    let len = is.read_raw_varint64()?;
+    let outer = is.push_limit(len)?;
+    let mut found = "";
+    while let Some(tag) = is.read_raw_tag_or_eof()? {
+        if tag != want {
+            skip(is, tag)?;
+            continue;
+        }
+        let n = is.read_raw_varint32()?;
+        let at = position(is);
+        is.skip_raw_bytes(n)?;
+        let field = bytes.get(at..position(is)).unwrap_or_default();
+        found = std::str::from_utf8(field).unwrap_or_default();
+    }
+    is.pop_limit(outer);
+    Ok((start..position(is), found))
 }
 
 /// Reads a length-delimited submessage with `fields`. A singular field
@@ -250,8 +376,7 @@ fn pod_fields(is: &mut Is<'_>, pod: &mut api::PodSandbox, tag: u32) -> protobuf:
         18 => pod.name = is.read_string()?,
         26 => pod.uid = is.read_string()?,
         34 => pod.namespace = is.read_string()?,
-        42 => map_entry(is, &mut pod.labels)?,
-        50 => map_entry(is, &mut pod.annotations)?,
+        50 => map_entry(is, &mut pod.annotations, policy::reads_pod_annotation)?,
         66 => pod.linux = Some(message(is, pod_linux_fields)?).into(),
         _ => skip(is, tag)?,
     }
@@ -277,8 +402,7 @@ fn container_fields(is: &mut Is<'_>, c: &mut api::Container, tag: u32) -> protob
         18 => c.pod_sandbox_id = is.read_string()?,
         26 => c.name = is.read_string()?,
         32 => c.state = is.read_enum_or_unknown()?,
-        42 => map_entry(is, &mut c.labels)?,
-        50 => map_entry(is, &mut c.annotations)?,
+        50 => map_entry(is, &mut c.annotations, view::reads_container_annotation)?,
         90 => c.linux = Some(message(is, container_linux_fields)?).into(),
         96 => c.pid = is.read_uint32()?,
         _ => skip(is, tag)?,
@@ -310,16 +434,28 @@ fn resources_fields(
     match tag {
         10 => r.memory = Some(is.read_message()?).into(),
         18 => r.cpu = Some(is.read_message()?).into(),
-        50 => map_entry(is, &mut r.unified)?,
+        50 => map_entry(is, &mut r.unified, |_| true)?,
         _ => skip(is, tag)?,
     }
     Ok(())
 }
 
-/// One `map<string, string>` entry; a missing key or value is empty, and
-/// a later entry for a key replaces an earlier one (as generated).
-fn map_entry(is: &mut Is<'_>, map: &mut HashMap<String, String>) -> protobuf::Result<()> {
-    let entry: (String, String) = message(is, |is, (k, v), tag| {
+/// Entries kept of one map, and the most bytes (key and value) of one:
+/// every key nri-qos reads holds a name, a quantity or a cgroup value, so
+/// more is a peer's fault, and would only be decoded to be held.
+pub const MAP_ENTRIES: usize = 256;
+pub const ENTRY_BYTES: usize = 1024;
+
+/// One `map<string, string>` entry, kept if `read` takes its key and it
+/// fits [`MAP_ENTRIES`] and [`ENTRY_BYTES`]; a missing key or value is
+/// empty, and a later entry for a key replaces an earlier one (as
+/// generated).
+fn map_entry(
+    is: &mut Is<'_>,
+    map: &mut HashMap<String, String>,
+    read: fn(&str) -> bool,
+) -> protobuf::Result<()> {
+    let (k, v): (String, String) = message(is, |is, (k, v), tag| {
         match tag {
             10 => *k = is.read_string()?,
             18 => *v = is.read_string()?,
@@ -327,7 +463,11 @@ fn map_entry(is: &mut Is<'_>, map: &mut HashMap<String, String>) -> protobuf::Re
         }
         Ok(())
     })?;
-    map.insert(entry.0, entry.1);
+    let fits =
+        k.len() + v.len() <= ENTRY_BYTES && (map.len() < MAP_ENTRIES || map.contains_key(&k));
+    if fits && read(&k) {
+        map.insert(k, v);
+    }
     Ok(())
 }
 

@@ -67,6 +67,8 @@ pub const RUNTIME_PIPE_CAPACITY: usize = 64 * 1024;
 const READ_BUFFER: usize = 16 * 1024;
 /// Buffers that grew past this for one large message are given back.
 const KEEP_BUFFER: usize = 64 * 1024;
+/// The Plugin method whose memory is given back after every answer.
+const SYNCHRONIZE: &str = "Synchronize";
 
 const HEADER_LEN: usize = 8;
 
@@ -207,6 +209,9 @@ fn pump_incoming(
                     freed |= matches!(msg, Incoming::Whole(..));
                     let msg = parse(msg);
                     freed |= requests.shrink();
+                    // A Synchronize chunk of any size (the last one is
+                    // small) leaves what deciding it took.
+                    freed |= matches!(&msg, Parsed::Request(_, req) if req.method == SYNCHRONIZE);
                     runtime.block_on(answer(services, msg, &mut answers));
                     // A frame may hold many small requests: write as we go
                     // rather than collect an unbounded batch of answers.
@@ -345,11 +350,12 @@ impl Answers {
     }
 }
 
-/// A large message (a node-sized Synchronize) decodes into megabytes that
-/// are garbage once it is answered; glibc keeps such freed memory mapped
-/// unless asked to give it back. Asked here, after the answer is written
-/// and every copy of the message (ours, the decoded request, the response)
-/// is gone, not in the handler, where they were all still held.
+/// A large message or a Synchronize chunk (deciding a node-sized
+/// Synchronize) leaves megabytes that are garbage once it is answered;
+/// glibc keeps such freed memory mapped unless asked to give it back.
+/// Asked here, after the answer is written and every copy of the message
+/// (ours, the decoded request, the response) is gone, not in the handler,
+/// where they were all still held.
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only walks the allocator's own free lists.

@@ -20,7 +20,7 @@ use super::convert;
 use super::oom_fallback;
 use super::proto::api;
 use super::proto::api_ttrpc::Plugin;
-use super::reassembly::{Complete, SyncReassembler};
+use super::reassembly::{Complete, SyncReassembler, SYNC_BUDGET_BYTES};
 use crate::metrics::Metrics;
 use crate::node::cgroupfs::{self, read_protection, Owner, Protection};
 use crate::node::layout::{container_cgroup_dir, pod_cgroups};
@@ -173,7 +173,7 @@ impl QosPlugin {
             }),
             settings,
             runtime: Mutex::new(None),
-            sync: Mutex::new(SyncReassembler::default()),
+            sync: Mutex::new(SyncReassembler::new(SYNC_BUDGET_BYTES, sync::sync_cost)),
             registry: Arc::new(Mutex::new(Registry {
                 kubelet_memory_qos,
                 ..Registry::default()
@@ -197,9 +197,9 @@ impl QosPlugin {
         self
     }
 
-    /// Bytes a chunked Synchronize may hold (`plugin.sync-budget-mib`).
+    /// Bytes a Synchronize may take (`plugin.sync-budget-mib`).
     pub fn with_sync_budget(self, bytes: usize) -> Self {
-        *lock(&self.sync) = SyncReassembler::with_budget(bytes);
+        *lock(&self.sync) = SyncReassembler::new(bytes, sync::sync_cost);
         self
     }
 

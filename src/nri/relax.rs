@@ -1,4 +1,4 @@
-//! Relaxing a container's memory.high for the monitor's throttle guard
+//! Relaxing a container's memory.high for the throttle guard
 //! through the runtime (`Runtime/UpdateContainers` on the session's conn 2),
 //! so the runtime's own record of the container agrees with the kernel.
 //! Only with `[throttle] relax-via = "runtime"`, and only on a runtime that
@@ -24,7 +24,7 @@ use tracing::{info, warn};
 
 use super::proto::{api, api_ttrpc::RuntimeClient};
 use crate::node::lock;
-use crate::node::relax::{RelaxRequest as Request, Relaxer};
+use crate::node::relax::{RelaxError, RelaxRequest as Request, Relaxer};
 
 /// Bound on queued relax requests (bounded memory; a relax is rare).
 const QUEUE: usize = 64;
@@ -84,7 +84,7 @@ pub struct NriRelaxer {
 }
 
 impl Relaxer for NriRelaxer {
-    fn relax(&self, r: &Request) -> Result<&'static str, String> {
+    fn relax(&self, r: &Request) -> Result<&'static str, RelaxError> {
         if !LINK.connected() {
             return self.file.relax(r).map(|_| "cgroup-file (no NRI session)");
         }
@@ -94,10 +94,11 @@ impl Relaxer for NriRelaxer {
                 .relax(r)
                 .map(|_| "cgroup-file (the runtime lacks containerd/nri#301)");
         }
-        self.tx
-            .try_send(r.clone())
-            .map(|()| "nri-update-containers")
-            .map_err(|e| format!("relax queue: {e}"))
+        match self.tx.try_send(r.clone()) {
+            Ok(()) => Ok("nri-update-containers"),
+            Err(mpsc::error::TrySendError::Full(_)) => Err(RelaxError::QueueFull(QUEUE)),
+            Err(mpsc::error::TrySendError::Closed(_)) => Err(RelaxError::QueueClosed),
+        }
     }
 }
 

@@ -196,7 +196,7 @@ pub async fn serve(
         return e;
     }
     info!(name = %identity.name, index = %identity.index, "registered with the runtime");
-    // The monitor's throttle guard calls UpdateContainers through this
+    // The throttle guard calls UpdateContainers through this
     // client (from its own task, never from a handler).
     super::relax::LINK.set(Some(client.clone()));
     // The session may end while we wait: that ends the wait too.

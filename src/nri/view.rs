@@ -42,6 +42,13 @@ pub use kubelet_keys::{
 /// (empty: none).
 pub const OWN_UNIFIED_ANNOTATION: &str = "qos.nri-qos.io/unified";
 
+/// Whether the plugin or `audit` reads the container annotation `key`:
+/// the policy's and [`OWN_UNIFIED_ANNOTATION`]. No other is kept of a
+/// container the runtime describes in Synchronize.
+pub fn reads_container_annotation(key: &str) -> bool {
+    key == OWN_UNIFIED_ANNOTATION || qos::policy::reads_container_annotation(key)
+}
+
 /// The `unified` keys the policy may set. Only these can be claimed as
 /// ours, whatever the annotation says.
 const OWN_KEYS: [&str; 4] = [CPU_WEIGHT, MEMORY_HIGH, MEMORY_LOW, MEMORY_MIN];

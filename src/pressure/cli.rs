@@ -5,17 +5,15 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use super::config::MonitorConfig;
-use super::{act, Monitor, MonitorError, Paths};
+use super::{Monitor, MonitorError, Paths};
+use crate::evict::{kill, Evictor};
 use crate::node::registry::NoPods;
 
 /// `--once`: node memory and the current ranking as text.
 pub fn once(cfg: MonitorConfig, paths: Paths) -> Result<String, MonitorError> {
-    let mut m = Monitor::new(
-        cfg.clone(),
-        paths,
-        Arc::new(NoPods),
-        Arc::new(act::Syscalls),
-    );
+    // Nothing is evicted here; the path is only there to be asked.
+    let evictor = Evictor::new((&cfg).into(), Arc::new(kill::Syscalls)).shared();
+    let mut m = Monitor::new(cfg.clone(), paths, Arc::new(NoPods), evictor);
     let (node, cands, ranking) = m.snapshot()?;
     let mut out = String::new();
     let _ = writeln!(

@@ -8,26 +8,27 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::MonitorError;
+pub use crate::node::time::{DurationError, HumanDuration};
 use crate::qos::quantity::{self, QuantityError};
 
 /// A memory threshold: absolute bytes or a percentage of capacity, like the
 /// kubelet's `memory.available<100Mi` / `<5%`. Zero disables it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub enum Quantity {
+pub enum SizeOrPercent {
     Bytes(u64),
     Percent(f64),
 }
 
-impl Quantity {
+impl SizeOrPercent {
     /// Bytes this quantity stands for on a node with `capacity` bytes.
     pub fn resolve(&self, capacity: u64) -> u64 {
         match *self {
-            Quantity::Bytes(b) => b,
+            SizeOrPercent::Bytes(b) => b,
             // Percent is validated to 0..=100 (NaN fails that), so the product
             // is finite, non-negative and at most capacity.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            Quantity::Percent(p) => (capacity as f64 * p / 100.0) as u64,
+            SizeOrPercent::Percent(p) => (capacity as f64 * p / 100.0) as u64,
         }
     }
 }
@@ -43,20 +44,20 @@ pub enum SizeOrPercentError {
     Size { text: String, reason: QuantityError },
 }
 
-impl TryFrom<String> for Quantity {
+impl TryFrom<String> for SizeOrPercent {
     type Error = SizeOrPercentError;
     fn try_from(s: String) -> Result<Self, Self::Error> {
         s.parse()
     }
 }
 
-impl From<Quantity> for String {
-    fn from(q: Quantity) -> String {
+impl From<SizeOrPercent> for String {
+    fn from(q: SizeOrPercent) -> String {
         q.to_string()
     }
 }
 
-impl std::str::FromStr for Quantity {
+impl std::str::FromStr for SizeOrPercent {
     type Err = SizeOrPercentError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let t = s.trim();
@@ -68,7 +69,7 @@ impl std::str::FromStr for Quantity {
             if !(0.0..=100.0).contains(&v) {
                 return Err(SizeOrPercentError::PercentRange(s.to_string()));
             }
-            return Ok(Quantity::Percent(v));
+            return Ok(SizeOrPercent::Percent(v));
         }
         // A size is a Kubernetes quantity; `K` (not one of its suffixes) is
         // also taken for `k`, as these keys always have.
@@ -80,7 +81,7 @@ impl std::str::FromStr for Quantity {
             None => t.to_string(),
         };
         quantity::parse_bytes(&size)
-            .map(Quantity::Bytes)
+            .map(SizeOrPercent::Bytes)
             .map_err(|reason| SizeOrPercentError::Size {
                 text: s.to_string(),
                 reason,
@@ -88,11 +89,11 @@ impl std::str::FromStr for Quantity {
     }
 }
 
-impl fmt::Display for Quantity {
+impl fmt::Display for SizeOrPercent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            Quantity::Percent(p) => write!(f, "{p}%"),
-            Quantity::Bytes(b) => {
+            SizeOrPercent::Percent(p) => write!(f, "{p}%"),
+            SizeOrPercent::Bytes(b) => {
                 for (suffix, unit) in [
                     ("Ti", 1u64 << 40),
                     ("Gi", 1 << 30),
@@ -105,65 +106,6 @@ impl fmt::Display for Quantity {
                 }
                 write!(f, "{b}")
             }
-        }
-    }
-}
-
-/// A duration written as "250ms", "2s" or "5m".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct HumanDuration(pub Duration);
-
-/// A `[monitor]` duration that does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum DurationError {
-    #[error("invalid duration {0:?} (want e.g. 250ms, 2s, 5m)")]
-    Number(String),
-    #[error("unknown duration unit in {0:?}")]
-    Unit(String),
-}
-
-impl TryFrom<String> for HumanDuration {
-    type Error = DurationError;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-impl From<HumanDuration> for String {
-    fn from(d: HumanDuration) -> String {
-        d.to_string()
-    }
-}
-
-impl std::str::FromStr for HumanDuration {
-    type Err = DurationError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let t = s.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: u64 = num
-            .parse()
-            .map_err(|_| DurationError::Number(s.to_string()))?;
-        let d = match unit {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            _ => return Err(DurationError::Unit(s.to_string())),
-        };
-        Ok(HumanDuration(d))
-    }
-}
-
-impl fmt::Display for HumanDuration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = self.0.as_millis();
-        if ms.is_multiple_of(60_000) && ms != 0 {
-            write!(f, "{}m", ms / 60_000)
-        } else if ms.is_multiple_of(1000) {
-            write!(f, "{}s", ms / 1000)
-        } else {
-            write!(f, "{ms}ms")
         }
     }
 }
@@ -183,12 +125,12 @@ pub struct MonitorConfig {
     /// Log what would be done, change nothing.
     pub dry_run: bool,
     /// Evict at once when memory.available drops below this.
-    pub hard_threshold: Quantity,
+    pub hard_threshold: SizeOrPercent,
     /// Reclaim below this, evict if it holds for `soft-grace-period`. 0 = off.
-    pub soft_threshold: Quantity,
+    pub soft_threshold: SizeOrPercent,
     pub soft_grace_period: HumanDuration,
     /// Once met, a threshold stays met until available >= threshold + this.
-    pub min_reclaim: Quantity,
+    pub min_reclaim: SizeOrPercent,
     /// The pressure state ends only after no threshold was met for this long.
     pub transition_period: HumanDuration,
     /// No new decision this long after a kill finished.
@@ -207,7 +149,7 @@ pub struct MonitorConfig {
     /// between pressure-interval and check-interval: PSI barely moves while
     /// anonymous memory fills a node without swap, so near the threshold
     /// only a check catches it before the kernel OOM killer does.
-    pub max_fill_rate: Quantity,
+    pub max_fill_rate: SizeOrPercent,
     /// PSI triggers ("some|full <stall_us> <window_us>"), one fd each.
     pub psi_triggers: Vec<String>,
     /// Arm the triggers on /proc/pressure/memory.
@@ -248,27 +190,23 @@ pub struct MonitorConfig {
     /// Nice value of the monitor thread (-20..=19; 0 leaves it): the node
     /// is short of CPU too while memory runs out.
     pub nice: i32,
-    /// The `[throttle]` table (its own table in the file, not a key of
-    /// `[monitor]`): the per-container memory.high throttle guard.
-    #[serde(skip)]
-    pub throttle: super::throttle::ThrottleConfig,
 }
 
 impl Default for MonitorConfig {
     fn default() -> Self {
         MonitorConfig {
             dry_run: false,
-            hard_threshold: Quantity::Bytes(100 << 20),
-            soft_threshold: Quantity::Bytes(300 << 20),
+            hard_threshold: SizeOrPercent::Bytes(100 << 20),
+            soft_threshold: SizeOrPercent::Bytes(300 << 20),
             soft_grace_period: ms(2000),
-            min_reclaim: Quantity::Bytes(64 << 20),
+            min_reclaim: SizeOrPercent::Bytes(64 << 20),
             transition_period: ms(10_000),
             cooldown: ms(1000),
             kill_timeout: ms(5000),
             kill_wait: ms(500),
             check_interval: ms(5000),
             pressure_interval: ms(100),
-            max_fill_rate: Quantity::Bytes(6000 << 20),
+            max_fill_rate: SizeOrPercent::Bytes(6000 << 20),
             psi_triggers: vec!["full 100000 1000000".into(), "some 300000 1000000".into()],
             psi_node: true,
             psi_kubepods: true,
@@ -286,7 +224,6 @@ impl Default for MonitorConfig {
             mrelease: true,
             lock_memory: true,
             nice: -10,
-            throttle: Default::default(),
         }
     }
 }
@@ -305,11 +242,10 @@ impl MonitorConfig {
             source,
         };
         let file: File = toml::from_str(text).map_err(bad)?;
-        let mut cfg: MonitorConfig = match file.monitor {
+        let cfg: MonitorConfig = match file.monitor {
             Some(v) => v.try_into().map_err(bad)?,
             None => MonitorConfig::default(),
         };
-        cfg.throttle = super::throttle::ThrottleConfig::from_toml(text, origin)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -362,8 +298,8 @@ impl MonitorConfig {
         // Mixed kinds (5% and 300Mi) depend on the node; only like with
         // like can be judged here.
         let same_kind_below = match (hard, soft) {
-            (Quantity::Bytes(h), Quantity::Bytes(s)) => s != 0 && s < h,
-            (Quantity::Percent(h), Quantity::Percent(s)) => s != 0.0 && s < h,
+            (SizeOrPercent::Bytes(h), SizeOrPercent::Bytes(s)) => s != 0 && s < h,
+            (SizeOrPercent::Percent(h), SizeOrPercent::Percent(s)) => s != 0.0 && s < h,
             _ => false,
         };
         if same_kind_below {
@@ -374,7 +310,7 @@ impl MonitorConfig {
         if !(-20..=19).contains(&self.nice) {
             return err(format!("nice {} must be in -20..=19", self.nice));
         }
-        self.throttle.validate()
+        Ok(())
     }
 }
 
@@ -384,17 +320,17 @@ mod tests {
 
     #[test]
     fn pressure_quantity_parses_kubelet_style() {
-        assert_eq!("100Mi".parse(), Ok(Quantity::Bytes(100 << 20)));
-        assert_eq!("1G".parse(), Ok(Quantity::Bytes(1_000_000_000)));
-        assert_eq!("4096".parse(), Ok(Quantity::Bytes(4096)));
-        assert_eq!("5%".parse(), Ok(Quantity::Percent(5.0)));
-        assert!("5x".parse::<Quantity>().is_err());
-        assert!("".parse::<Quantity>().is_err());
-        assert!("101%".parse::<Quantity>().is_err());
-        assert!("99999999999Ti".parse::<Quantity>().is_err());
-        assert_eq!("1K".parse(), Ok(Quantity::Bytes(1000)));
-        assert_eq!(Quantity::Percent(10.0).resolve(1000), 100);
-        assert_eq!(Quantity::Bytes(100 << 20).to_string(), "100Mi");
+        assert_eq!("100Mi".parse(), Ok(SizeOrPercent::Bytes(100 << 20)));
+        assert_eq!("1G".parse(), Ok(SizeOrPercent::Bytes(1_000_000_000)));
+        assert_eq!("4096".parse(), Ok(SizeOrPercent::Bytes(4096)));
+        assert_eq!("5%".parse(), Ok(SizeOrPercent::Percent(5.0)));
+        assert!("5x".parse::<SizeOrPercent>().is_err());
+        assert!("".parse::<SizeOrPercent>().is_err());
+        assert!("101%".parse::<SizeOrPercent>().is_err());
+        assert!("99999999999Ti".parse::<SizeOrPercent>().is_err());
+        assert_eq!("1K".parse(), Ok(SizeOrPercent::Bytes(1000)));
+        assert_eq!(SizeOrPercent::Percent(10.0).resolve(1000), 100);
+        assert_eq!(SizeOrPercent::Bytes(100 << 20).to_string(), "100Mi");
     }
 
     #[test]

@@ -1,25 +1,26 @@
 //! The decision state machine: thresholds on memory.available with the
-//! kubelet's minimum-reclaim hysteresis, a soft grace period, a transition
-//! period for the pressure state, at most one kill in flight and a cooldown
-//! after it. Pure: time comes in as an argument, so tests drive a fake clock.
+//! kubelet's minimum-reclaim hysteresis, a soft grace period and a
+//! transition period for the pressure state. Whether an eviction may start
+//! at all (one in flight, its cooldown) is the shared eviction path's
+//! ([`crate::evict::Hold`]), passed in. Pure: time comes in as an argument,
+//! so tests drive a fake clock.
 //!
 //! PSI never reaches this module: pressure only wakes the monitor up, and
 //! every action here is gated on the node's working set.
 
 use std::time::Duration;
 
-use super::config::{MonitorConfig, Quantity};
+use super::config::{MonitorConfig, SizeOrPercent};
+pub use crate::evict::Hold;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecideConfig {
-    pub hard: Quantity,
+    pub hard: SizeOrPercent,
     /// Zero disables the soft threshold.
-    pub soft: Quantity,
+    pub soft: SizeOrPercent,
     pub soft_grace: Duration,
-    pub min_reclaim: Quantity,
+    pub min_reclaim: SizeOrPercent,
     pub transition: Duration,
-    pub cooldown: Duration,
-    pub kill_timeout: Duration,
     pub reclaim: bool,
     pub reclaim_interval: Duration,
 }
@@ -32,8 +33,6 @@ impl From<&MonitorConfig> for DecideConfig {
             soft_grace: c.soft_grace_period.0,
             min_reclaim: c.min_reclaim,
             transition: c.transition_period.0,
-            cooldown: c.cooldown.0,
-            kill_timeout: c.kill_timeout.0,
             reclaim: c.reclaim,
             reclaim_interval: c.reclaim_interval.0,
         }
@@ -47,16 +46,10 @@ pub enum Reason {
     Soft,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hold {
-    KillInFlight,
-    Cooldown { remaining: Duration },
-}
-
 /// What to do now. `deficit` = bytes needed to get back to threshold +
 /// min-reclaim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
+pub enum PressurePlan {
     /// No threshold met.
     Calm,
     /// Soft threshold met, within grace, reclaim already done recently.
@@ -73,7 +66,7 @@ pub enum Plan {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
-    pub plan: Plan,
+    pub plan: PressurePlan,
     /// The node-pressure condition (with transition period).
     pub pressure: bool,
     pub hard_met: bool,
@@ -81,7 +74,8 @@ pub struct Verdict {
     /// Resolved thresholds in bytes, for the log line.
     pub hard: u64,
     pub soft: u64,
-    /// The previous kill did not finish within kill-timeout.
+    /// The pod in flight did not empty within kill-timeout (set by the
+    /// monitor from the eviction path, not by [`Decider::observe`]).
     pub kill_timed_out: bool,
 }
 
@@ -95,8 +89,6 @@ pub struct Decider {
     /// Start of the current episode with a threshold met (for latency logs).
     met_since: Option<Duration>,
     pressure: bool,
-    in_flight_since: Option<Duration>,
-    cooldown_until: Option<Duration>,
     last_reclaim: Option<Duration>,
 }
 
@@ -121,8 +113,6 @@ impl Decider {
             last_met: None,
             met_since: None,
             pressure: false,
-            in_flight_since: None,
-            cooldown_until: None,
             last_reclaim: None,
         }
     }
@@ -136,21 +126,22 @@ impl Decider {
         self.met_since
     }
 
-    pub fn in_flight(&self) -> bool {
-        self.in_flight_since.is_some()
-    }
-
-    /// True while the monitor should look often: under pressure, soft
-    /// threshold pending, kill in flight or cooling down.
+    /// True while the monitor should look often: under pressure or soft
+    /// threshold pending (a kill in flight or cooling down is the eviction
+    /// path's to say).
     pub fn busy(&self) -> bool {
-        self.pressure
-            || self.soft_met
-            || self.in_flight_since.is_some()
-            || self.cooldown_until.is_some()
+        self.pressure || self.soft_met
     }
 
-    /// Feeds one measurement and returns what to do.
-    pub fn observe(&mut self, now: Duration, available: u64, capacity: u64) -> Verdict {
+    /// Feeds one measurement and returns what to do; `hold` is why the
+    /// eviction path can take no eviction now, if it cannot.
+    pub fn observe(
+        &mut self,
+        now: Duration,
+        available: u64,
+        capacity: u64,
+        hold: Option<Hold>,
+    ) -> Verdict {
         let hard = self.cfg.hard.resolve(capacity);
         let soft = self.cfg.soft.resolve(capacity);
         let mr = self.cfg.min_reclaim.resolve(capacity);
@@ -177,7 +168,7 @@ impl Decider {
         }
 
         let mut v = Verdict {
-            plan: Plan::Calm,
+            plan: PressurePlan::Calm,
             pressure: self.pressure,
             hard_met: self.hard_met,
             soft_met: self.soft_met,
@@ -186,34 +177,21 @@ impl Decider {
             kill_timed_out: false,
         };
 
-        if let Some(since) = self.in_flight_since {
-            if now.saturating_sub(since) < self.cfg.kill_timeout {
-                v.plan = Plan::Hold(Hold::KillInFlight);
-                return v;
-            }
-            v.kill_timed_out = true;
-            self.kill_finished(now);
-        }
-        if let Some(until) = self.cooldown_until {
-            if now < until {
-                v.plan = Plan::Hold(Hold::Cooldown {
-                    remaining: until - now,
-                });
-                return v;
-            }
-            self.cooldown_until = None;
+        if let Some(h) = hold {
+            v.plan = PressurePlan::Hold(h);
+            return v;
         }
 
         let deficit = |t: u64| t.saturating_add(mr).saturating_sub(available);
         v.plan = if self.hard_met {
-            Plan::Evict {
+            PressurePlan::Evict {
                 reason: Reason::Hard,
                 deficit: deficit(hard),
             }
         } else if self.soft_met {
             let since = self.soft_since.unwrap_or(now);
             if now.saturating_sub(since) >= self.cfg.soft_grace {
-                Plan::Evict {
+                PressurePlan::Evict {
                     reason: Reason::Soft,
                     deficit: deficit(soft),
                 }
@@ -223,22 +201,16 @@ impl Decider {
                     .is_none_or(|t| now.saturating_sub(t) >= self.cfg.reclaim_interval)
             {
                 self.last_reclaim = Some(now);
-                Plan::Reclaim {
+                PressurePlan::Reclaim {
                     deficit: deficit(soft),
                 }
             } else {
-                Plan::Watch
+                PressurePlan::Watch
             }
         } else {
-            Plan::Calm
+            PressurePlan::Calm
         };
         v
-    }
-
-    /// A kill is in flight or cooling down: no other kill may start, for
-    /// any reason (node pressure or the throttle guard).
-    pub fn holding(&self, now: Duration) -> bool {
-        self.in_flight_since.is_some() || self.cooldown_until.is_some_and(|u| now < u)
     }
 
     /// The recheck right before a kill, on a fresh measurement: is an
@@ -261,16 +233,6 @@ impl Decider {
             .is_some_and(|s| now.saturating_sub(s) >= self.cfg.soft_grace);
         hard || soft
     }
-
-    pub fn kill_started(&mut self, now: Duration) {
-        self.in_flight_since = Some(now);
-    }
-
-    /// The victim's cgroup is empty (or we gave up waiting): start the cooldown.
-    pub fn kill_finished(&mut self, now: Duration) {
-        self.in_flight_since = None;
-        self.cooldown_until = Some(now + self.cfg.cooldown);
-    }
 }
 
 #[cfg(test)]
@@ -282,13 +244,11 @@ mod tests {
 
     fn cfg() -> DecideConfig {
         DecideConfig {
-            hard: Quantity::Bytes(100 * MI),
-            soft: Quantity::Bytes(300 * MI),
+            hard: SizeOrPercent::Bytes(100 * MI),
+            soft: SizeOrPercent::Bytes(300 * MI),
             soft_grace: Duration::from_secs(2),
-            min_reclaim: Quantity::Bytes(64 * MI),
+            min_reclaim: SizeOrPercent::Bytes(64 * MI),
             transition: Duration::from_secs(10),
-            cooldown: Duration::from_secs(1),
-            kill_timeout: Duration::from_secs(5),
             reclaim: true,
             reclaim_interval: Duration::from_secs(1),
         }
@@ -301,57 +261,60 @@ mod tests {
     #[test]
     fn pressure_decide_calm_above_thresholds() {
         let mut d = Decider::new(cfg());
-        let v = d.observe(ms(0), 4096 * MI, CAP);
-        assert_eq!(v.plan, Plan::Calm);
+        let v = d.observe(ms(0), 4096 * MI, CAP, None);
+        assert_eq!(v.plan, PressurePlan::Calm);
         assert!(!v.pressure && !d.busy());
     }
 
     #[test]
     fn pressure_decide_hard_evicts_with_min_reclaim_hysteresis() {
         let mut d = Decider::new(cfg());
-        let v = d.observe(ms(0), 90 * MI, CAP);
+        let v = d.observe(ms(0), 90 * MI, CAP, None);
         assert_eq!(
             v.plan,
-            Plan::Evict {
+            PressurePlan::Evict {
                 reason: Reason::Hard,
                 deficit: 74 * MI
             }
         );
         // Above the bare threshold but below threshold + min-reclaim: still met.
-        let v = d.observe(ms(100), 150 * MI, CAP);
+        let v = d.observe(ms(100), 150 * MI, CAP, None);
         assert!(v.hard_met);
         assert!(matches!(
             v.plan,
-            Plan::Evict {
+            PressurePlan::Evict {
                 reason: Reason::Hard,
                 ..
             }
         ));
         // Clear once available >= threshold + min-reclaim.
-        let v = d.observe(ms(200), 164 * MI, CAP);
+        let v = d.observe(ms(200), 164 * MI, CAP, None);
         assert!(!v.hard_met);
         // Not flapping back on a wobble just above 100Mi after clearing.
-        assert!(!d.observe(ms(300), 120 * MI, CAP).hard_met);
+        assert!(!d.observe(ms(300), 120 * MI, CAP, None).hard_met);
     }
 
     #[test]
     fn pressure_decide_soft_reclaims_during_grace_then_evicts() {
         let mut d = Decider::new(cfg());
         assert_eq!(
-            d.observe(ms(0), 250 * MI, CAP).plan,
-            Plan::Reclaim { deficit: 114 * MI }
+            d.observe(ms(0), 250 * MI, CAP, None).plan,
+            PressurePlan::Reclaim { deficit: 114 * MI }
         );
         // Reclaim is paced by reclaim-interval.
-        assert_eq!(d.observe(ms(500), 250 * MI, CAP).plan, Plan::Watch);
         assert_eq!(
-            d.observe(ms(1000), 250 * MI, CAP).plan,
-            Plan::Reclaim { deficit: 114 * MI }
+            d.observe(ms(500), 250 * MI, CAP, None).plan,
+            PressurePlan::Watch
+        );
+        assert_eq!(
+            d.observe(ms(1000), 250 * MI, CAP, None).plan,
+            PressurePlan::Reclaim { deficit: 114 * MI }
         );
         assert!(!d.still_warranted(ms(1500), 250 * MI, CAP));
-        let v = d.observe(ms(2000), 250 * MI, CAP);
+        let v = d.observe(ms(2000), 250 * MI, CAP, None);
         assert!(matches!(
             v.plan,
-            Plan::Evict {
+            PressurePlan::Evict {
                 reason: Reason::Soft,
                 ..
             }
@@ -362,76 +325,68 @@ mod tests {
     #[test]
     fn pressure_decide_soft_grace_restarts_after_clearing() {
         let mut d = Decider::new(cfg());
-        d.observe(ms(0), 250 * MI, CAP);
-        d.observe(ms(1500), 400 * MI, CAP); // cleared (>= 300 + 64)
-        d.observe(ms(1600), 250 * MI, CAP); // met again: grace restarts
+        d.observe(ms(0), 250 * MI, CAP, None);
+        d.observe(ms(1500), 400 * MI, CAP, None); // cleared (>= 300 + 64)
+        d.observe(ms(1600), 250 * MI, CAP, None); // met again: grace restarts
         assert!(!matches!(
-            d.observe(ms(3000), 250 * MI, CAP).plan,
-            Plan::Evict { .. }
+            d.observe(ms(3000), 250 * MI, CAP, None).plan,
+            PressurePlan::Evict { .. }
         ));
         assert!(matches!(
-            d.observe(ms(3600), 250 * MI, CAP).plan,
-            Plan::Evict { .. }
+            d.observe(ms(3600), 250 * MI, CAP, None).plan,
+            PressurePlan::Evict { .. }
         ));
     }
 
+    /// The eviction path's hold wins over any threshold, and the
+    /// thresholds keep being tracked meanwhile.
     #[test]
-    fn pressure_decide_holds_while_in_flight_then_cools_down() {
+    fn pressure_decide_holds_whatever_the_eviction_path_holds() {
         let mut d = Decider::new(cfg());
         assert!(matches!(
-            d.observe(ms(0), 50 * MI, CAP).plan,
-            Plan::Evict { .. }
+            d.observe(ms(0), 50 * MI, CAP, None).plan,
+            PressurePlan::Evict { .. }
         ));
-        d.kill_started(ms(0));
+        let v = d.observe(ms(100), 50 * MI, CAP, Some(Hold::KillInFlight));
+        assert_eq!(v.plan, PressurePlan::Hold(Hold::KillInFlight));
+        assert!(v.hard_met && v.pressure);
+        let cooling = Some(Hold::Cooldown { remaining: ms(900) });
         assert_eq!(
-            d.observe(ms(100), 50 * MI, CAP).plan,
-            Plan::Hold(Hold::KillInFlight)
-        );
-        d.kill_finished(ms(300));
-        assert_eq!(
-            d.observe(ms(400), 50 * MI, CAP).plan,
-            Plan::Hold(Hold::Cooldown { remaining: ms(900) })
+            d.observe(ms(400), 50 * MI, CAP, cooling).plan,
+            PressurePlan::Hold(Hold::Cooldown { remaining: ms(900) })
         );
         assert!(d.busy());
         assert!(matches!(
-            d.observe(ms(1300), 50 * MI, CAP).plan,
-            Plan::Evict { .. }
+            d.observe(ms(1300), 50 * MI, CAP, None).plan,
+            PressurePlan::Evict { .. }
         ));
-    }
-
-    #[test]
-    fn pressure_decide_kill_timeout_releases_in_flight() {
-        let mut d = Decider::new(cfg());
-        d.observe(ms(0), 50 * MI, CAP);
-        d.kill_started(ms(0));
-        let v = d.observe(ms(5000), 50 * MI, CAP);
-        assert!(v.kill_timed_out);
-        assert!(matches!(v.plan, Plan::Hold(Hold::Cooldown { .. })));
-        assert!(!d.in_flight());
     }
 
     #[test]
     fn pressure_decide_transition_period_keeps_condition() {
         let mut d = Decider::new(cfg());
-        d.observe(ms(0), 50 * MI, CAP);
-        assert!(d.observe(ms(100), 8 << 30, CAP).pressure);
-        assert!(d.observe(ms(9_999), 8 << 30, CAP).pressure);
-        let v = d.observe(ms(10_000), 8 << 30, CAP);
+        d.observe(ms(0), 50 * MI, CAP, None);
+        assert!(d.observe(ms(100), 8 << 30, CAP, None).pressure);
+        assert!(d.observe(ms(9_999), 8 << 30, CAP, None).pressure);
+        let v = d.observe(ms(10_000), 8 << 30, CAP, None);
         assert!(!v.pressure);
-        assert_eq!(v.plan, Plan::Calm);
+        assert_eq!(v.plan, PressurePlan::Calm);
     }
 
     #[test]
     fn pressure_decide_percent_and_disabled_soft() {
         let mut c = cfg();
-        c.hard = Quantity::Percent(10.0);
-        c.soft = Quantity::Bytes(0);
-        c.min_reclaim = Quantity::Bytes(0);
+        c.hard = SizeOrPercent::Percent(10.0);
+        c.soft = SizeOrPercent::Bytes(0);
+        c.min_reclaim = SizeOrPercent::Bytes(0);
         let mut d = Decider::new(c);
-        assert_eq!(d.observe(ms(0), 1000, 10_000).plan, Plan::Calm); // 1000 is not < 1000
+        assert_eq!(
+            d.observe(ms(0), 1000, 10_000, None).plan,
+            PressurePlan::Calm
+        ); // 1000 is not < 1000
         assert!(matches!(
-            d.observe(ms(1), 999, 10_000).plan,
-            Plan::Evict { .. }
+            d.observe(ms(1), 999, 10_000, None).plan,
+            PressurePlan::Evict { .. }
         ));
     }
 
@@ -440,44 +395,47 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
 
-        /// Over random measurement sequences: never an eviction while a kill
-        /// is in flight or cooling down, never one above hard + min-reclaim
-        /// unless the soft threshold held for its grace period, and never a
-        /// reclaim or eviction with every threshold clear.
+        /// Over random measurement sequences with the eviction path's one
+        /// kill in flight and its cooldown modelled alongside: never an
+        /// eviction while a kill is in flight or cooling down, never one
+        /// above hard + min-reclaim unless the soft threshold held for its
+        /// grace period, and never a reclaim or eviction with every
+        /// threshold clear.
         #[test]
         fn pressure_decide_never_overkills(
             steps in proptest::collection::vec((0u64..500, 1u64..400, proptest::bool::ANY), 1..200)
         ) {
             let c = cfg();
+            let (cooldown, kill_timeout) = (ms(1000), ms(5000));
             let mut d = Decider::new(c.clone());
             let mut now = Duration::ZERO;
             let mut in_flight_since: Option<Duration> = None;
             let mut cooldown_until = Duration::ZERO;
             for (avail_mi, dt_ms, finishes) in steps {
                 now += ms(dt_ms);
-                if finishes && in_flight_since.take().is_some() {
-                    d.kill_finished(now);
-                    cooldown_until = now + c.cooldown;
+                let timed_out = in_flight_since.is_some_and(|s| now - s >= kill_timeout);
+                if (finishes || timed_out) && in_flight_since.take().is_some() {
+                    cooldown_until = now + cooldown;
                 }
-                let v = d.observe(now, avail_mi * MI, CAP);
-                if v.kill_timed_out {
-                    in_flight_since = None;
-                    cooldown_until = now + c.cooldown;
-                }
+                let hold = match in_flight_since {
+                    Some(_) => Some(Hold::KillInFlight),
+                    None if now < cooldown_until => Some(Hold::Cooldown { remaining: cooldown_until - now }),
+                    None => None,
+                };
+                let v = d.observe(now, avail_mi * MI, CAP, hold);
                 match v.plan {
-                    Plan::Evict { reason, .. } => {
+                    PressurePlan::Evict { reason, .. } => {
                         prop_assert!(in_flight_since.is_none());
                         prop_assert!(now >= cooldown_until);
                         match reason {
                             Reason::Hard => prop_assert!(avail_mi < 164),
                             Reason::Soft => prop_assert!(avail_mi < 364),
                         }
-                        d.kill_started(now);
                         in_flight_since = Some(now);
                     }
-                    Plan::Reclaim { .. } | Plan::Watch => prop_assert!(avail_mi < 364),
-                    Plan::Calm => prop_assert!(avail_mi >= 100),
-                    Plan::Hold(_) => prop_assert!(in_flight_since.is_some() || now < cooldown_until),
+                    PressurePlan::Reclaim { .. } | PressurePlan::Watch => prop_assert!(avail_mi < 364),
+                    PressurePlan::Calm => prop_assert!(avail_mi >= 100),
+                    PressurePlan::Hold(_) => prop_assert!(in_flight_since.is_some() || now < cooldown_until),
                 }
             }
         }

@@ -1,144 +1,70 @@
-//! Acting on a decision: memory.reclaim of the top-ranked pods, lowering
-//! BestEffort memory.high while pressure lasts, and the eviction: walk the
-//! ranking, recheck on fresh numbers, ask the API server at the soft
-//! threshold, else the one kill path (shared with the throttle guard).
+//! The node path's eviction: walk the kubelet's ranking, reclaim first
+//! where configured, recheck on fresh numbers, ask the API server at the
+//! soft threshold, else kill; all through the eviction path it shares with
+//! the throttle guard ([`crate::evict::Evictor`]). Also the Eviction
+//! nobody carried out, which ends in that pod's own kill.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::decide::{Reason, Verdict};
-use super::measure::{self, limit_hits, NodeMemory};
-use super::rank::{self, Candidate, Ranking};
-use super::{act, Cause, Monitor, StepReport, Victim, Wake, POD_USAGE_SOURCE};
-use crate::node::cgroupfs as stat;
-use crate::node::cluster;
+use super::measure::NodeMemory;
+use super::{Monitor, StepReport, Wake};
+use crate::evict::pods::{limit_hits, PauseCheck, POD_USAGE_SOURCE};
+use crate::evict::rank::{self, Candidate};
+use crate::evict::{self, Acted, ApiRound, Cause, KillOrder, Origin};
+use crate::node::cluster::{EvictionNotice, EvictionReason};
 use crate::node::time;
-use crate::qos::QosClass;
 
-/// Below this a pod is not worth a memory.reclaim write.
-const MIN_RECLAIM: u64 = 1 << 20;
+/// What a step that decided to evict knows.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Evicting<'a> {
+    pub wake: &'a Wake,
+    pub now: Duration,
+    pub node: NodeMemory,
+    pub verdict: Verdict,
+    pub reason: Reason,
+    pub deficit: u64,
+}
+
+impl Evicting<'_> {
+    fn cause(&self) -> Cause {
+        Cause::NodePressure {
+            hard: self.reason == Reason::Hard,
+        }
+    }
+
+    fn threshold(&self) -> u64 {
+        match self.reason {
+            Reason::Hard => self.verdict.hard,
+            Reason::Soft => self.verdict.soft,
+        }
+    }
+}
+
+impl StepReport {
+    pub(super) fn absorb(&mut self, a: Acted) {
+        self.killed = self.killed.take().or(a.killed);
+        self.would_kill = self.would_kill.take().or(a.would_kill);
+        self.evicted = self.evicted.take().or(a.evicted);
+        self.emptied_after = self.emptied_after.take().or(a.emptied_after);
+    }
+}
 
 impl Monitor {
-    pub(super) fn reclaim_top(
-        &self,
-        deficit: u64,
-        cands: &[Candidate],
-        ranking: &Ranking,
-        report: &mut StepReport,
-    ) {
-        if !self.cfg.reclaim || ranking.order.is_empty() {
-            return;
-        }
-        let top: Vec<&Candidate> = ranking
-            .order
-            .iter()
-            .take(self.cfg.reclaim_top_n.max(1))
-            .map(|&i| &cands[i])
-            .collect();
-        let each = deficit.div_ceil(top.len() as u64).max(4096);
-        let swap = measure::swap_free(&self.paths);
-        for c in top {
-            let can = measure::reclaimable(&c.path, swap);
-            let bytes = each.min(can);
-            if bytes < MIN_RECLAIM {
-                tracing::debug!(pod = %c.uid, reclaimable = can, swap_free = swap, "nothing to reclaim from this pod");
-                continue;
-            }
-            report.reclaimed.push(c.uid.clone());
-            if self.cfg.dry_run {
-                tracing::info!(pod = %c.uid, bytes, "dry-run: would write memory.reclaim");
-                continue;
-            }
-            let t = Instant::now();
-            match act::reclaim(&c.path, bytes) {
-                Ok(outcome) => {
-                    tracing::info!(pod = %c.uid, bytes, reclaimable = can, ?outcome, took_us = time::micros(t.elapsed()), "memory.reclaim")
-                }
-                Err(e) => tracing::warn!(pod = %c.uid, error = %e, "memory.reclaim failed"),
-            }
-        }
-    }
-
-    pub(super) fn lower_besteffort_high(&mut self, cands: &[Candidate], ranking: &Ranking) {
-        let factor = self.cfg.besteffort_memory_high_factor;
-        if factor <= 0.0 {
-            return;
-        }
-        for &i in ranking.order.iter().take(self.cfg.reclaim_top_n.max(1)) {
-            let c = &cands[i];
-            if c.class != QosClass::BestEffort || self.lowered_high.contains_key(&c.path) {
-                continue;
-            }
-            // factor is validated to [0, 1): the product is finite, non-negative, at most working_set.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let high = ((c.working_set as f64 * factor) as u64 / 4096 * 4096).max(4096);
-            let path = c.path.join("memory.high");
-            let original = stat::read(&path)
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "max".into());
-            if self.cfg.dry_run {
-                tracing::info!(pod = %c.uid, high, "dry-run: would lower memory.high");
-                continue;
-            }
-            match stat::write_file(&path, &high.to_string()) {
-                Ok(()) => {
-                    tracing::info!(pod = %c.uid, high, original = %original, "lowered memory.high until pressure ends");
-                    self.lowered_high.insert(c.path.clone(), original);
-                }
-                Err(e) => tracing::warn!(pod = %c.uid, error = %e, "cannot lower memory.high"),
-            }
-        }
-    }
-
-    pub(super) fn restore_high(&mut self) {
-        for (cg, original) in self.lowered_high.drain() {
-            if let Err(e) = stat::write_file(&cg.join("memory.high"), &original) {
-                tracing::debug!(error = %e, "cannot restore memory.high (pod gone?)");
-            } else {
-                tracing::info!(path = %cg.display(), high = %original, "restored memory.high");
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn evict(
-        &mut self,
-        wake: &Wake,
-        now: Duration,
-        node: NodeMemory,
-        v: Verdict,
-        reason: Reason,
-        deficit: u64,
-        report: &mut StepReport,
-    ) {
-        let cands = self.candidates(false);
+    /// PressurePlan::Evict: one pod, the first the ranking and the path's
+    /// safeguards allow.
+    pub(super) fn evict(&mut self, e: Evicting<'_>, report: &mut StepReport) {
+        let cands = self.scanner.candidates(PauseCheck::AtPick);
         let ranking = rank::rank(&cands, &self.policy);
-        self.log_decision(
-            if reason == Reason::Hard {
-                "evict-hard"
-            } else {
-                "evict-soft"
-            },
-            wake,
-            &node,
-            &v,
-            &cands,
-            &ranking,
-        );
-        // Never the sandbox alone, never an emptied pod: walk down the ranking.
-        let proc_root = &self.paths.proc_root;
-        let stuck = &self.stuck;
-        let top = ranking.order.iter().copied().find(|&i| {
-            if stuck.contains(&cands[i].path) {
-                tracing::info!(pod = %cands[i].uid, "skipping pod that did not die after an earlier kill");
-                return false;
-            }
-            let skip = act::pause_only(&cands[i].path, proc_root);
-            if skip {
-                tracing::info!(pod = %cands[i].uid, "skipping pod with only the sandbox (pause) or nothing left");
-            }
-            !skip
-        });
-        let Some(top) = top else {
+        let action = match e.reason {
+            Reason::Hard => "evict-hard",
+            Reason::Soft => "evict-soft",
+        };
+        self.log_decision(action, e.wake, &e.node, &e.verdict, &cands, &ranking);
+        let path = self.evictor.clone();
+        let mut ev = evict::lock(&path);
+        let proc_root = self.paths.proc_root.clone();
+        let Some(top) = ev.pick(&cands, &ranking.order, &proc_root) else {
             tracing::error!(
                 excluded = ranking.excluded.len(),
                 "memory pressure but no eviction candidate"
@@ -146,121 +72,88 @@ impl Monitor {
             return;
         };
         // A synchronous memory.reclaim can take tens of ms; past the hard
-        // threshold that delay can let the kernel OOM killer win, so it is
-        // opt-in there (the soft band already reclaimed on the way down).
-        if self.cfg.reclaim && (reason == Reason::Soft || self.cfg.reclaim_before_hard_kill) {
-            self.reclaim_top(deficit, &cands, &ranking, report);
+        // threshold that delay can let the kernel OOM killer win the race,
+        // so it is opt-in there (the soft band already reclaimed on the way down).
+        if self.cfg.reclaim && (e.reason == Reason::Soft || self.cfg.reclaim_before_hard_kill) {
+            self.reclaim_top(e.deficit, &cands, &ranking, report);
         }
-        // Recheck right before the kill, on fresh numbers.
+        let Some(fresh) = self.recheck(&e, &cands[top]) else {
+            return;
+        };
+        let notice = |c: &Candidate| node_notice(c, &e, &fresh);
+        let from = ranking.order.iter().position(|&i| i == top).unwrap_or(0);
+        let victim = match (e.reason, ev.cluster()) {
+            // Soft threshold with the API server: an Eviction moves the pod
+            // (the kubelet terminates it gracefully), and a budget's refusal
+            // passes the turn to the next candidate. No answer: kill.
+            (Reason::Soft, Some(api)) => {
+                let round = ApiRound {
+                    cands: &cands,
+                    order: &ranking.order[from..],
+                    now: e.now,
+                    cause: e.cause(),
+                    origin: Origin::NodePressure,
+                    notice: &notice,
+                    proc_root: &proc_root,
+                };
+                let mut acted = Acted::default();
+                let left = ev
+                    .evict_via_api(api.as_ref(), &round)
+                    .left_to_kill(&mut acted);
+                report.absorb(acted);
+                match left {
+                    Some(i) => i,
+                    None => return,
+                }
+            }
+            _ => top,
+        };
+        let victim = &cands[victim];
+        self.log_kill(victim, &e, &fresh);
+        let wake = e.wake.to_string();
+        let acted = ev.kill(KillOrder {
+            victim,
+            now: e.now,
+            cause: e.cause(),
+            origin: Origin::NodePressure,
+            tell_api: notice(victim),
+            started: self.step_started,
+            met_since: self.decider.met_since(),
+            wake: &wake,
+        });
+        report.absorb(acted);
+    }
+
+    /// Right before the kill, on fresh numbers: still warranted, and the
+    /// victim still populated?
+    fn recheck(&self, e: &Evicting<'_>, victim: &Candidate) -> Option<NodeMemory> {
         let fresh = match self.measure() {
             Ok(n) => n,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot re-measure before kill; not killing");
-                return;
+            Err(err) => {
+                tracing::error!(error = %err, "cannot re-measure before kill; not killing");
+                return None;
             }
         };
         if !self
             .decider
-            .still_warranted(now, fresh.effective_available(), fresh.capacity)
+            .still_warranted(e.now, fresh.effective_available(), fresh.capacity)
         {
             tracing::info!(
                 available = fresh.effective_available(),
                 signal = fresh.signal(),
-                before = node.available,
+                before = e.node.available,
                 "recheck: threshold clear, no kill"
             );
-            return;
+            return None;
         }
-        if !act::populated(&cands[top].path) {
-            tracing::info!(pod = %cands[top].uid, "recheck: victim already empty, deciding again");
-            return;
+        if !evict::kill::populated(&victim.path) {
+            tracing::info!(pod = %victim.uid, "recheck: victim already empty, deciding again");
+            return None;
         }
-        let threshold = if reason == Reason::Hard {
-            v.hard
-        } else {
-            v.soft
-        };
-        let notice = |c: &Candidate| {
-            Some(cluster::EvictionNotice {
-                uid: c.uid.clone(),
-                namespace: c.namespace.clone()?,
-                name: c.name.clone()?,
-                hard: reason == Reason::Hard,
-                available: fresh.effective_available(),
-                signal: fresh.signal().to_string(),
-                threshold,
-                working_set: c.working_set,
-                request: c.request,
-                request_source: c.request_source.to_string(),
-            })
-        };
-        // Soft threshold with the API server: an Eviction moves the pod (the
-        // kubelet terminates it gracefully), and a PodDisruptionBudget's
-        // refusal passes the turn to the next candidate. No answer: kill.
-        let cluster = self.cluster.clone().filter(|_| reason == Reason::Soft);
-        let mut top = top;
-        if let (Some(api), false) = (cluster, self.cfg.dry_run) {
-            let mut refused = 0;
-            let mut next = ranking.order.iter().copied().skip_while(|&i| i != top);
-            loop {
-                let Some(i) = next.next() else {
-                    tracing::warn!(refused, "every candidate's PodDisruptionBudget refused an eviction at the soft threshold; nothing evicted");
-                    self.decider.kill_started(now);
-                    self.decider.kill_finished(now);
-                    return;
-                };
-                if self.stuck.contains(&cands[i].path) || act::pause_only(&cands[i].path, proc_root)
-                {
-                    continue;
-                }
-                let Some(n) = notice(&cands[i]) else {
-                    top = i;
-                    break;
-                };
-                match api.evict(&n, cluster::SOFT_EVICTION_WAIT) {
-                    cluster::EvictOutcome::Created => {
-                        tracing::warn!(
-                            victim = %cands[i].uid,
-                            namespace = %n.namespace,
-                            name = %n.name,
-                            class = ?cands[i].class,
-                            working_set = n.working_set,
-                            request = n.request,
-                            request_source = %n.request_source,
-                            priority = cands[i].priority.unwrap_or(0),
-                            available = n.available,
-                            signal = %n.signal,
-                            "evicted pod through the API server (the kubelet terminates it gracefully)"
-                        );
-                        report.evicted = Some(cands[i].uid.clone());
-                        if let Some(m) = &self.metrics {
-                            m.inc_eviction(
-                                &format!("{:?}", cands[i].class),
-                                &format!("{reason:?}"),
-                            );
-                        }
-                        self.decider.kill_started(now);
-                        self.victim = Some(Victim {
-                            uid: cands[i].uid.clone(),
-                            path: cands[i].path.clone(),
-                            since: now,
-                            via_api: Some(cands[i].clone()),
-                        });
-                        return;
-                    }
-                    cluster::EvictOutcome::RefusedByPdb => {
-                        refused += 1;
-                        tracing::info!(pod = %format_args!("{}/{}", n.namespace, n.name), "PodDisruptionBudget refused the eviction at the soft threshold; trying the next candidate");
-                    }
-                    cluster::EvictOutcome::Unreachable => {
-                        tracing::warn!(pod = %format_args!("{}/{}", n.namespace, n.name), "API server unreachable; killing the pod's cgroup instead");
-                        top = i;
-                        break;
-                    }
-                }
-            }
-        }
-        let victim = &cands[top];
+        Some(fresh)
+    }
+
+    fn log_kill(&self, victim: &Candidate, e: &Evicting<'_>, fresh: &NodeMemory) {
         tracing::warn!(
             victim = %victim.uid,
             namespace = victim.namespace.as_deref().unwrap_or("?"),
@@ -276,7 +169,7 @@ impl Monitor {
             // memory.events.local max of the pod and its containers: a pod
             // at its own limit is logged, not spared (the kubelet ignores it too).
             limit_hits = limit_hits(&victim.path),
-            reason = ?reason,
+            reason = ?e.reason,
             available = fresh.effective_available(),
             signal = fresh.signal(),
             ws_source = fresh.source,
@@ -284,105 +177,70 @@ impl Monitor {
             dry_run = self.cfg.dry_run,
             "killing pod"
         );
-        let tell_api = notice(victim);
-        self.kill(
-            victim.clone(),
-            wake,
-            now,
-            Cause::Node(reason),
-            tell_api,
-            report,
-        );
     }
 
-    /// The one kill path (node pressure and the throttle guard): dry-run,
-    /// cgroup.kill + process_mrelease, watch the cgroup empty, then the
-    /// decider's in-flight / cooldown. `tell_api`: what the API server
-    /// learns after the kill, when it is configured.
-    pub(super) fn kill(
+    /// An Eviction the API server accepted but nobody carried out (no
+    /// kubelet, or a slow one) must not make the next pods pay for it: past
+    /// kill-timeout, or at once past the hard threshold, its cgroup is
+    /// killed as if there were no API server. True when it was.
+    pub(super) fn escalate_unenforced(
         &mut self,
-        victim: Candidate,
         wake: &Wake,
         now: Duration,
-        cause: Cause,
-        tell_api: Option<cluster::EvictionNotice>,
+        verdict: &Verdict,
         report: &mut StepReport,
-    ) {
-        let victim = &victim;
-        if self.cfg.dry_run {
-            report.would_kill = Some(victim.uid.clone());
-            // Behave as if it finished at once, so dry-run logs once per cooldown.
-            self.decider.kill_started(now);
-            self.decider.kill_finished(now);
-            return;
+    ) -> bool {
+        let path = self.evictor.clone();
+        let mut ev = evict::lock(&path);
+        let pending = match ev.take_unenforced(Origin::NodePressure) {
+            Some(u) => Some(u),
+            None if verdict.hard_met => ev.withdraw_api_eviction(Origin::NodePressure),
+            None => None,
+        };
+        let Some(u) = pending else {
+            return false;
+        };
+        if !verdict.hard_met && !self.decider.pressure() {
+            tracing::info!(victim = %u.victim.uid, "pressure is over; the evicted pod is left to the kubelet");
+            return false;
         }
-        let t = Instant::now();
-        // Detection to decision: the wake-up until the kill is issued.
-        let wake_to_kill = t.duration_since(self.step_started);
-        match act::kill_pod(&victim.path, self.ops.as_ref(), self.mrelease) {
-            Ok(r) => {
-                if r.mrelease_unsupported {
-                    tracing::info!("process_mrelease unsupported by this kernel; not trying again");
-                    self.mrelease = false;
-                }
-                tracing::warn!(
-                    victim = %victim.uid,
-                    method = ?r.method,
-                    pids = r.pids,
-                    mreleased = r.mreleased,
-                    mrelease_exiting = r.mrelease_exiting,
-                    // cgroup.kill (or per-pid SIGKILL) plus process_mrelease.
-                    kill_us = time::micros(t.elapsed()),
-                    wake_to_kill_us = time::micros(wake_to_kill),
-                    met_to_kill_ms = self
-                        .decider
-                        .met_since()
-                        .map_or(0, |m| time::millis(now.saturating_sub(m))),
-                    wake = %wake,
-                    cause = ?cause,
-                    "killed pod"
-                );
-                report.killed = Some(victim.uid.clone());
-                // Killed first; the API learns of it in the background.
-                if let (Some(api), Some(n)) = (&self.cluster, tell_api) {
-                    api.evict_after_kill(n);
-                }
-                if let Some(m) = &self.metrics {
-                    let class = format!("{:?}", victim.class);
-                    match cause {
-                        Cause::Node(reason) => m.inc_eviction(&class, &format!("{reason:?}")),
-                        Cause::Throttle(signal) => m.inc_throttle_eviction(&class, signal.label()),
-                        Cause::UnenforcedEviction => {}
-                    }
-                }
-                self.decider.kill_started(now);
-                // Nothing else may happen while the kill is in flight, so
-                // watch the cgroup empty closely for a short while: frees the
-                // cooldown sooner and measures kill-to-empty to ~5 ms.
-                let wait = self.cfg.kill_wait.0;
-                while t.elapsed() < wait {
-                    if !act::populated(&victim.path) {
-                        let took = t.elapsed();
-                        tracing::info!(victim = %victim.uid, took_ms = time::millis(took), "victim pod cgroup is empty");
-                        report.emptied_after = Some(took);
-                        self.decider.kill_finished(now + took);
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                self.victim = Some(Victim {
-                    uid: victim.uid.clone(),
-                    path: victim.path.clone(),
-                    since: now,
-                    via_api: None,
-                });
-            }
-            Err(e) => {
-                tracing::error!(victim = %victim.uid, error = %e, "kill failed");
-                // Cool down anyway so a broken cgroup is not hammered.
-                self.decider.kill_started(now);
-                self.decider.kill_finished(now);
-            }
-        }
+        tracing::warn!(
+            victim = %u.victim.uid,
+            waited_ms = time::millis(now.saturating_sub(u.since)),
+            hard = verdict.hard_met,
+            "the Eviction was not carried out in time (is the kubelet acting on it?); killing the pod's cgroup"
+        );
+        let wake = wake.to_string();
+        let acted = ev.kill(KillOrder {
+            victim: &u.victim,
+            now,
+            cause: Cause::UnenforcedEviction,
+            origin: Origin::NodePressure,
+            tell_api: None,
+            started: self.step_started,
+            met_since: self.decider.met_since(),
+            wake: &wake,
+        });
+        report.absorb(acted);
+        true
     }
+}
+
+/// What the API server is told about a node-pressure eviction of `c`;
+/// `None` for a pod it cannot name.
+fn node_notice(c: &Candidate, e: &Evicting<'_>, fresh: &NodeMemory) -> Option<EvictionNotice> {
+    Some(EvictionNotice {
+        uid: c.uid.clone(),
+        namespace: c.namespace.clone()?,
+        name: c.name.clone()?,
+        reason: EvictionReason::NodePressure {
+            hard: e.reason == Reason::Hard,
+            available: fresh.effective_available(),
+            signal: fresh.signal().to_string(),
+            threshold: e.threshold(),
+        },
+        working_set: c.working_set,
+        request: c.request,
+        request_source: c.request_source.to_string(),
+    })
 }

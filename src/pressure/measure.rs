@@ -1,11 +1,12 @@
-//! Node and pod memory numbers, computed the way the kubelet/cAdvisor do.
+//! Node memory numbers, computed the way the kubelet/cAdvisor do, and what
+//! memory.reclaim can take from a pod. A pod's own usage and request are
+//! the eviction path's ([`crate::evict::pods`]).
 
 use std::path::Path;
 
 use super::{MonitorError, Paths};
+use crate::evict::pods::cgroup_working_set;
 use crate::node::cgroupfs as stat;
-use crate::node::registry::RequestSource;
-use crate::qos::QosClass;
 
 /// Node memory the kubelet way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +71,6 @@ pub fn measure(
 
 pub const WS_ROOT_STAT: &str = "root memory.stat anon+file-inactive_file";
 pub const WS_MEMINFO: &str = "meminfo MemTotal-MemFree-Inactive(file)";
-pub const POD_USAGE_SOURCE: &str = "pod memory.current-inactive_file";
 
 /// Measures node memory. Prefers the root cgroup's memory.stat
 /// (`anon + file − inactive_file`, what cAdvisor computes on cgroup v2);
@@ -109,20 +109,6 @@ pub fn measure_node(paths: &Paths) -> Result<NodeMemory, MonitorError> {
     })
 }
 
-/// Working set of one cgroup: memory.current − inactive_file.
-pub fn cgroup_working_set(cg: &Path) -> Result<u64, MonitorError> {
-    let cur_path = cg.join("memory.current");
-    let current = stat::read_single(&cur_path)?.ok_or(MonitorError::Missing {
-        path: cur_path,
-        key: "number",
-    })?;
-    let st = stat::read_flat_keyed(&cg.join("memory.stat"))?;
-    Ok(stat::working_set(
-        current,
-        st.get("inactive_file").copied().unwrap_or(0),
-    ))
-}
-
 /// Free swap in bytes (`SwapFree` of meminfo; 0 when unknown).
 pub fn swap_free(paths: &Paths) -> u64 {
     stat::read(&paths.meminfo())
@@ -158,65 +144,4 @@ pub fn reclaimable(cg: &Path, swap_free: u64) -> u64 {
     } else {
         cache
     }
-}
-
-fn read_u64_or_zero(path: &Path) -> u64 {
-    stat::read_single(path).ok().flatten().unwrap_or(0)
-}
-
-/// memory.min if set, else memory.low, of one cgroup.
-fn min_or_low(cg: &Path) -> u64 {
-    let min = read_u64_or_zero(&cg.join("memory.min"));
-    if min > 0 {
-        min
-    } else {
-        read_u64_or_zero(&cg.join("memory.low"))
-    }
-}
-
-/// Memory request of a pod without plugin metadata, from what the kubelet
-/// wrote into cgroupfs.
-pub fn derive_request(pod: &Path, class: QosClass) -> (u64, RequestSource) {
-    if class == QosClass::BestEffort {
-        return (0, RequestSource::BestEffort);
-    }
-    let children: u64 = std::fs::read_dir(pod)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| min_or_low(&e.path()))
-        .fold(0u64, |a, b| a.saturating_add(b));
-    if children > 0 {
-        return (children, RequestSource::CgroupChildrenMinLow);
-    }
-    let own = min_or_low(pod);
-    if own > 0 {
-        return (own, RequestSource::CgroupPodMinLow);
-    }
-    if class == QosClass::Guaranteed {
-        if let Ok(Some(max)) = stat::read_single(&pod.join("memory.max")) {
-            return (max, RequestSource::CgroupPodMax);
-        }
-    }
-    (0, RequestSource::Unknown)
-}
-
-/// `max` events of the pod cgroup and its direct children (containers hit
-/// their own memory.max there), from memory.events.local.
-pub(crate) fn limit_hits(pod: &Path) -> u64 {
-    let one = |cg: &Path| {
-        stat::read_flat_keyed(&cg.join("memory.events.local"))
-            .ok()
-            .and_then(|m| m.get("max").copied())
-            .unwrap_or(0)
-    };
-    let children: u64 = std::fs::read_dir(pod)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| one(&e.path()))
-        .fold(0u64, |a, b| a.saturating_add(b));
-    one(pod).saturating_add(children)
 }

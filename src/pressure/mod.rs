@@ -4,8 +4,9 @@
 //! the monitor within one trigger window; a low-rate tick covers the rest.
 //! On every wake-up it computes memory.available the kubelet way and feeds
 //! it to a pure state machine ([`decide`]); pressure alone never causes an
-//! action. Victims are whole pods, ranked like the kubelet ([`rank`]),
-//! reclaimed first and killed through `cgroup.kill` ([`act`]).
+//! action. Victims are whole pods, ranked like the kubelet, reclaimed first
+//! ([`reclaim`]) and evicted through the eviction path the throttle guard
+//! shares ([`crate::evict`]).
 //!
 //! All paths are injected ([`Paths`]) so tests run on a temp tree.
 //!
@@ -16,7 +17,8 @@
 //! - allocatable: kubepods `memory.max` − kubepods working set;
 //! - pod usage: pod `memory.current` − `inactive_file`;
 //! - pod request / class / priority: the [`PodRegistry`] when the plugin fed
-//!   it, else derived from cgroupfs ([`derive_request`], the cgroup path).
+//!   it, else derived from cgroupfs (`evict::pods::derive_request`, the
+//!   cgroup path).
 //!
 //! Deliberate differences from the kubelet's eviction manager:
 //! - pods whose stats cannot be read are skipped (the kubelet ranks them
@@ -29,20 +31,16 @@
 //!   and the kubelet will restart the containers (the pod is not marked
 //!   Failed: runtimes ignore NRI evictions).
 
-pub mod act;
 pub mod cli;
 pub mod config;
 pub mod decide;
 mod evict;
-mod guard;
 pub mod measure;
 mod monitor;
 pub mod protect;
 pub mod psi;
-pub mod rank;
+pub mod reclaim;
 mod runner;
-pub mod throttle;
-pub mod tree;
 mod triggers;
 
 use std::collections::HashMap;
@@ -50,20 +48,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use crate::node::time::{Clock, SystemClock};
 pub use config::MonitorConfig;
-pub use measure::{
-    cgroup_working_set, derive_request, measure, measure_node, NodeMemory, POD_USAGE_SOURCE,
-    WS_MEMINFO, WS_ROOT_STAT,
-};
-pub use runner::{drive_with, run, run_in_plugin, run_with};
+pub use measure::{measure, measure_node, NodeMemory, WS_MEMINFO, WS_ROOT_STAT};
+pub use runner::{drive_with, run, MonitorHandles};
 
-use crate::node::cluster;
+use crate::evict::pods::UsageError;
+use crate::evict::rank::RankPolicy;
+use crate::evict::{EvictConfig, PodScanner, PodTree, SharedEvictor};
 use crate::node::registry::PodRegistry;
-use crate::node::relax::Relaxer;
-use act::ProcessOps;
-use decide::{Decider, Reason, Verdict};
-use rank::RankPolicy;
-use tree::Discovery;
+use decide::{Decider, Verdict};
 
 use crate::node::cgroupfs::ReadError;
 
@@ -81,6 +75,8 @@ pub enum MonitorError {
     },
     #[error(transparent)]
     Read(#[from] ReadError),
+    #[error(transparent)]
+    Usage(#[from] UsageError),
     #[error("{path}: no {key}")]
     Missing { path: PathBuf, key: &'static str },
     #[error("monitor task failed: {0}")]
@@ -135,26 +131,6 @@ impl std::fmt::Display for Wake {
     }
 }
 
-/// Monotonic time since an arbitrary start; injected so tests use a fake clock.
-pub trait Clock: Send + Sync {
-    fn now(&self) -> Duration;
-}
-
-#[derive(Debug)]
-pub struct SystemClock(Instant);
-
-impl Default for SystemClock {
-    fn default() -> Self {
-        SystemClock(Instant::now())
-    }
-}
-
-impl Clock for SystemClock {
-    fn now(&self) -> Duration {
-        self.0.elapsed()
-    }
-}
-
 /// What one step did; tests assert on it, the loop uses `next_check`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepReport {
@@ -172,64 +148,63 @@ pub struct StepReport {
     pub emptied_after: Option<Duration>,
     /// Pods whose own memory.max explains a PSI wake-up.
     pub limit_bound: Vec<String>,
-    /// Container cgroups whose memory.high the throttle guard relaxed (or
-    /// would, in dry-run) in this step.
-    pub relaxed: Vec<PathBuf>,
     pub next_check: Duration,
 }
 
-/// Why a pod is killed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cause {
-    Node(Reason),
-    Throttle(throttle::Signal),
-    /// An Eviction through the API server (counted when it was created)
-    /// that nobody carried out in time.
-    UnenforcedEviction,
+impl StepReport {
+    fn new(next_check: Duration) -> Self {
+        StepReport {
+            verdict: None,
+            node: None,
+            killed: None,
+            would_kill: None,
+            evicted: None,
+            reclaimed: Vec::new(),
+            emptied_after: None,
+            limit_bound: Vec::new(),
+            next_check,
+        }
+    }
 }
 
-#[derive(Debug, Clone)]
-struct Victim {
-    uid: String,
-    path: PathBuf,
-    since: Duration,
-    /// Evicted through the API server, not killed: the candidate to kill if
-    /// nobody carries the Eviction out in time.
-    via_api: Option<rank::Candidate>,
+/// The eviction path's settings from `[monitor]`, where its keys live
+/// (the throttle guard's evictions use them too).
+impl From<&MonitorConfig> for EvictConfig {
+    fn from(c: &MonitorConfig) -> Self {
+        EvictConfig {
+            dry_run: c.dry_run,
+            cooldown: c.cooldown.0,
+            kill_timeout: c.kill_timeout.0,
+            kill_wait: c.kill_wait.0,
+            mrelease: c.mrelease,
+            rank: c.rank_policy(),
+        }
+    }
 }
 
-/// Bound on pods considered per scan (bounded memory and time).
-const MAX_PODS: usize = 4096;
+impl MonitorConfig {
+    /// Who may never be evicted.
+    pub fn rank_policy(&self) -> RankPolicy {
+        RankPolicy {
+            critical_namespaces: self.critical_namespaces.clone(),
+            critical_priority: self.critical_priority,
+            require_pod_info: self.require_pod_info,
+        }
+    }
 
-/// The monitor's state between wake-ups. `step` does synchronous I/O; the
-/// async loop runs it on the blocking pool.
-pub struct Monitor {
-    cfg: MonitorConfig,
-    paths: Paths,
-    pods: Arc<dyn PodRegistry>,
-    ops: Arc<dyn ProcessOps>,
-    decider: Decider,
-    policy: RankPolicy,
-    discovery: Discovery,
-    victim: Option<Victim>,
-    /// Last seen memory.events.local `max` per pod cgroup.
-    limit_seen: HashMap<PathBuf, u64>,
-    /// Original memory.high of BestEffort pods we lowered.
-    lowered_high: HashMap<PathBuf, String>,
-    /// Pods still populated after kill-timeout (e.g. a task stuck in D
-    /// state): skipped until the pressure episode ends, so the next pod gets
-    /// its turn. Bounded by the pod count.
-    stuck: std::collections::HashSet<PathBuf>,
-    mrelease: bool,
-    last_psi_note: Option<Duration>,
-    /// When the current step began, for the wake-to-kill latency log.
-    step_started: Instant,
-    /// After a PSI wake-up, keep checking fast for one trigger window (as
-    /// lmkd does): memory may keep falling without another event.
-    psi_followup: Duration,
-    fast_until: Option<Duration>,
-    /// Prometheus counters and gauges, when the endpoint is on.
-    metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Where the pods live, for `paths`.
+    pub fn pod_tree(&self, paths: &Paths) -> PodTree {
+        PodTree {
+            cgroup_root: paths.cgroup_root.clone(),
+            proc_root: paths.proc_root.clone(),
+            kubepods: self.kubepods.clone(),
+        }
+    }
+}
+
+/// Between full steps while calm, the monitor reads only MemAvailable.
+#[derive(Debug, Default)]
+struct QuickCheck {
     /// While calm, the next full measurement (cgroup stats, ranking inputs);
     /// ticks before it only read MemAvailable.
     next_full: Duration,
@@ -239,27 +214,43 @@ pub struct Monitor {
     /// procfs file at offset 0 costs half of open+read+close. Reopened at
     /// every full step, so a replaced file is picked up.
     meminfo: Option<std::fs::File>,
-    meminfo_buf: Vec<u8>,
-    /// The per-container memory.high throttle guard and its cheap filter.
-    guard: throttle::Guard,
-    throttle_filter: throttle::Filter,
-    relaxer: Arc<dyn Relaxer>,
-    /// Evictions through the API server, when it is configured.
-    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
+    buf: Vec<u8>,
+}
+
+/// The monitor's state between wake-ups. `step` does synchronous I/O; the
+/// loop runs it on a thread of its own.
+pub struct Monitor {
+    cfg: MonitorConfig,
+    paths: Paths,
+    scanner: PodScanner,
+    evictor: SharedEvictor,
+    decider: Decider,
+    policy: RankPolicy,
+    /// Last seen memory.events.local `max` per pod cgroup.
+    limit_seen: HashMap<PathBuf, u64>,
+    /// Original memory.high of BestEffort pods we lowered.
+    lowered_high: HashMap<PathBuf, String>,
+    last_psi_note: Option<Duration>,
+    /// When the current step began, for the wake-to-kill latency log.
+    step_started: Instant,
+    /// After a PSI wake-up, keep checking fast for one trigger window (as
+    /// lmkd does): memory may keep falling without another event.
+    psi_followup: Duration,
+    fast_until: Option<Duration>,
+    /// Prometheus gauges (PSI), when the endpoint is on.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    quick: QuickCheck,
 }
 
 impl Monitor {
+    /// `evictor` is the eviction path, shared with the throttle guard when
+    /// it runs.
     pub fn new(
         cfg: MonitorConfig,
         paths: Paths,
         pods: Arc<dyn PodRegistry>,
-        ops: Arc<dyn ProcessOps>,
+        evictor: SharedEvictor,
     ) -> Self {
-        let policy = RankPolicy {
-            critical_namespaces: cfg.critical_namespaces.clone(),
-            critical_priority: cfg.critical_priority,
-            require_pod_info: cfg.require_pod_info,
-        };
         let psi_followup = cfg
             .psi_triggers
             .iter()
@@ -267,50 +258,25 @@ impl Monitor {
             .map(|t| Duration::from_micros(t.window_us))
             .max()
             .unwrap_or(Duration::from_secs(1));
-        let guard = throttle::Guard::new(cfg.throttle.clone());
         Monitor {
             psi_followup,
             fast_until: None,
             metrics: None,
             decider: Decider::new((&cfg).into()),
-            mrelease: cfg.mrelease,
+            policy: cfg.rank_policy(),
+            scanner: PodScanner::new(cfg.pod_tree(&paths), pods),
+            evictor,
             cfg,
             paths,
-            pods,
-            ops,
-            policy,
-            discovery: Discovery::default(),
-            victim: None,
             limit_seen: HashMap::new(),
             lowered_high: HashMap::new(),
-            stuck: std::collections::HashSet::new(),
             last_psi_note: None,
             step_started: Instant::now(),
-            next_full: Duration::ZERO,
-            capacity: 0,
-            meminfo: None,
-            meminfo_buf: Vec::new(),
-            guard,
-            throttle_filter: throttle::Filter::default(),
-            relaxer: Arc::new(throttle::FileRelaxer),
-            cluster: None,
+            quick: QuickCheck::default(),
         }
     }
 
-    /// Relaxes memory.high through `relaxer` (the plugin's NRI session)
-    /// instead of writing the cgroup file.
-    pub fn with_relaxer(mut self, relaxer: Arc<dyn Relaxer>) -> Self {
-        self.relaxer = relaxer;
-        self
-    }
-
-    /// Also evict through the API server (see [`cluster`]).
-    pub fn with_cluster(mut self, cluster: Arc<dyn cluster::ClusterEvictions>) -> Self {
-        self.cluster = Some(cluster);
-        self
-    }
-
-    /// Publishes evictions and node PSI averages to `metrics`.
+    /// Publishes node PSI averages to `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         self.metrics = Some(metrics);
         self

@@ -1,31 +1,32 @@
 //! The monitor's step: the quick MemAvailable check between full steps,
 //! measuring the node and its pods, the decision, and what a step logs.
-//! Acting on the decision (reclaim, evict, kill) is [`super::evict`]'s.
+//! Acting on the decision is [`super::reclaim`]'s and [`super::evict`]'s.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::decide::{Plan, Verdict};
-use super::measure::{cgroup_working_set, derive_request, limit_hits, measure, NodeMemory};
-use super::rank::{self, Candidate, Ranking};
-use super::{
-    act, psi, Cause, Monitor, MonitorError, StepReport, Victim, Wake, MAX_PODS, POD_USAGE_SOURCE,
-};
+use super::decide::{PressurePlan, Verdict};
+use super::evict::Evicting;
+use super::measure::{measure, NodeMemory};
+use super::{psi, Monitor, MonitorError, StepReport, Wake};
+use crate::evict::pods::{limit_hits, PauseCheck, POD_USAGE_SOURCE};
+use crate::evict::rank::{self, Candidate, Ranking};
+use crate::evict::{self, Settled};
 use crate::node::cgroupfs::ReadError;
-use crate::node::layout::{find_kubepods, Driver};
-use crate::node::time;
+use crate::node::layout::Driver;
 
 impl Monitor {
     /// A tick between full steps while calm needs only the quick check;
     /// `Some(next)` when that was enough. Cheap enough to run on the async
     /// loop without a trip to the blocking pool.
     pub fn quick(&mut self, wake: &Wake, now: Duration) -> Option<Duration> {
-        let calm = self.victim.is_none()
+        let calm = matches!(wake, Wake::Tick)
+            && now < self.quick.next_full
             && !self.decider.busy()
-            && !self.guard.busy()
-            && self.fast_until.is_none_or(|t| now >= t);
-        if matches!(wake, Wake::Tick) && calm && now < self.next_full {
+            && self.fast_until.is_none_or(|t| now >= t)
+            && evict::lock(&self.evictor).hold(now).is_none();
+        if calm {
             self.quick_check()
         } else {
             None
@@ -39,11 +40,12 @@ impl Monitor {
     fn quick_check(&mut self) -> Option<Duration> {
         let kb = self.mem_available_kb()?;
         let available = kb.checked_mul(1024)?;
+        let capacity = self.quick.capacity;
         let threshold = self
             .cfg
             .hard_threshold
-            .resolve(self.capacity)
-            .max(self.cfg.soft_threshold.resolve(self.capacity));
+            .resolve(capacity)
+            .max(self.cfg.soft_threshold.resolve(capacity));
         available.checked_sub(threshold.saturating_mul(2))?;
         Some(self.interval_for(available - threshold))
     }
@@ -51,19 +53,20 @@ impl Monitor {
     /// MemAvailable in kB from the kept-open /proc/meminfo.
     fn mem_available_kb(&mut self) -> Option<u64> {
         use std::os::unix::fs::FileExt;
-        if self.meminfo.is_none() {
-            self.meminfo = std::fs::File::open(self.paths.meminfo()).ok();
+        let q = &mut self.quick;
+        if q.meminfo.is_none() {
+            q.meminfo = std::fs::File::open(self.paths.meminfo()).ok();
         }
         // MemAvailable is the third line; 4 KiB holds the whole file.
-        self.meminfo_buf.resize(4096, 0);
-        let n = match self.meminfo.as_ref()?.read_at(&mut self.meminfo_buf, 0) {
+        q.buf.resize(4096, 0);
+        let n = match q.meminfo.as_ref()?.read_at(&mut q.buf, 0) {
             Ok(n) => n,
             Err(_) => {
-                self.meminfo = None;
+                q.meminfo = None;
                 return None;
             }
         };
-        let text = std::str::from_utf8(&self.meminfo_buf[..n]).ok()?;
+        let text = std::str::from_utf8(&q.buf[..n]).ok()?;
         text.lines().find_map(|l| {
             l.strip_prefix("MemAvailable:")?
                 .trim()
@@ -78,7 +81,7 @@ impl Monitor {
     /// `max-fill-rate`, between pressure-interval and check-interval.
     fn interval_for(&self, headroom: u64) -> Duration {
         let (slow, fast) = (self.cfg.check_interval.0, self.cfg.pressure_interval.0);
-        let rate = self.cfg.max_fill_rate.resolve(self.capacity).max(1);
+        let rate = self.cfg.max_fill_rate.resolve(self.quick.capacity).max(1);
         Duration::from_secs_f64(headroom as f64 / rate as f64).clamp(fast.min(slow), slow)
     }
 
@@ -92,61 +95,13 @@ impl Monitor {
     }
 
     pub fn kubepods(&self) -> Option<(PathBuf, Driver)> {
-        find_kubepods(&self.paths.cgroup_root, &self.cfg.kubepods)
-    }
-
-    /// Every pod under kubepods with its numbers, in UID order.
-    /// `check_pause` inspects every pod's processes; eviction skips that and
-    /// checks only the pods it is about to pick (cheaper under pressure).
-    pub fn candidates(&mut self, check_pause: bool) -> Vec<Candidate> {
-        let Some((kp, driver)) = self.kubepods() else {
-            tracing::warn!(root = %self.paths.cgroup_root.display(), kubepods = %self.cfg.kubepods, "kubepods cgroup not found");
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for pod in self.discovery.scan(&kp, driver).into_iter().take(MAX_PODS) {
-            let ws = match cgroup_working_set(&pod.path) {
-                Ok(ws) => ws,
-                Err(e) => {
-                    // Usually a pod that just went away.
-                    tracing::debug!(pod = %pod.uid, error = %e, "skipping pod without stats");
-                    continue;
-                }
-            };
-            let info = self.pods.get(&pod.uid);
-            let (class, class_source) = match info.as_ref().and_then(|i| i.class) {
-                Some(c) => (c, "registry"),
-                None => (pod.class, "cgroup-path"),
-            };
-            let (request, request_source) = match info
-                .as_ref()
-                .and_then(|i| i.memory_request.map(|r| (r, i.request_source)))
-            {
-                Some(r) => r,
-                None => derive_request(&pod.path, class),
-            };
-            out.push(Candidate {
-                namespace: info.as_ref().map(|i| i.namespace.clone()),
-                name: info.as_ref().map(|i| i.name.clone()),
-                priority: info.as_ref().and_then(|i| i.priority),
-                uid: pod.uid,
-                class,
-                class_source,
-                working_set: ws,
-                request,
-                request_source,
-                pause_only: check_pause && act::pause_only(&pod.path, &self.paths.proc_root),
-                static_pod: info.as_ref().is_some_and(|i| i.static_pod),
-                path: pod.path,
-            });
-        }
-        out
+        self.scanner.kubepods()
     }
 
     /// Measures and ranks without acting (for `--once` and for tests).
     pub fn snapshot(&mut self) -> Result<(NodeMemory, Vec<Candidate>, Ranking), MonitorError> {
         let node = self.measure()?;
-        let cands = self.candidates(true);
+        let cands = self.scanner.candidates(PauseCheck::EveryPod);
         let ranking = rank::rank(&cands, &self.policy);
         Ok((node, cands, ranking))
     }
@@ -184,37 +139,17 @@ impl Monitor {
 
     pub fn step(&mut self, wake: &Wake, now: Duration) -> StepReport {
         self.step_started = Instant::now();
-        self.meminfo = None;
+        self.quick.meminfo = None;
         self.publish_psi();
         if matches!(wake, Wake::Psi { .. }) {
             self.fast_until = Some(now + self.psi_followup);
         }
-        let mut report = StepReport {
-            verdict: None,
-            node: None,
-            killed: None,
-            would_kill: None,
-            evicted: None,
-            reclaimed: Vec::new(),
-            emptied_after: None,
-            limit_bound: Vec::new(),
-            relaxed: Vec::new(),
-            next_check: self.cfg.pressure_interval.0,
-        };
-
+        let mut report = StepReport::new(self.cfg.pressure_interval.0);
         if let Some(next) = self.quick(wake, now) {
             report.next_check = next;
             return report;
         }
-
-        if let Some(v) = &self.victim {
-            if !act::populated(&v.path) {
-                tracing::info!(victim = %v.uid, took_ms = time::millis(now.saturating_sub(v.since)), "victim pod cgroup is empty");
-                self.decider.kill_finished(now);
-                self.victim = None;
-            }
-        }
-
+        let settled = evict::lock(&self.evictor).settle(now);
         let node = match self.measure() {
             Ok(n) => n,
             Err(e) => {
@@ -223,94 +158,74 @@ impl Monitor {
             }
         };
         report.node = Some(node);
-        self.capacity = node.capacity;
-        let verdict = self
-            .decider
-            .observe(now, node.effective_available(), node.capacity);
+        self.quick.capacity = node.capacity;
+        let hold = evict::lock(&self.evictor).hold(now);
+        let mut verdict =
+            self.decider
+                .observe(now, node.effective_available(), node.capacity, hold);
+        verdict.kill_timed_out = settled == Settled::TimedOut;
         report.verdict = Some(verdict);
-        // An Eviction the API server accepted but nobody carried out (no
-        // kubelet, or a slow one) must not make the next pods pay for it:
-        // past kill-timeout, or at once past the hard threshold, its cgroup
-        // is killed as if there were no API server.
-        let unenforced = self.victim.as_ref().is_some_and(|v| v.via_api.is_some())
-            && (verdict.kill_timed_out || verdict.hard_met);
-        let mut escalated = false;
-        if unenforced {
-            if let Some(Victim {
-                uid,
-                via_api: Some(cand),
-                since,
-                ..
-            }) = self.victim.take()
-            {
-                if verdict.hard_met || self.decider.pressure() {
-                    tracing::warn!(
-                        victim = %uid,
-                        waited_ms = time::millis(now.saturating_sub(since)),
-                        hard = verdict.hard_met,
-                        "the Eviction was not carried out in time (is the kubelet acting on it?); killing the pod's cgroup"
-                    );
-                    self.kill(
-                        cand,
-                        wake,
-                        now,
-                        Cause::UnenforcedEviction,
-                        None,
-                        &mut report,
-                    );
-                    escalated = true;
-                } else {
-                    tracing::info!(victim = %uid, "pressure is over; the evicted pod is left to the kubelet");
-                }
-            }
-        } else if verdict.kill_timed_out {
-            if let Some(v) = self.victim.take() {
-                self.stuck.insert(v.path.clone());
-                tracing::warn!(victim = %v.uid, path = %v.path.display(), "victim cgroup still populated after kill-timeout; skipping it until pressure ends");
-            }
+        if !self.escalate_unenforced(wake, now, &verdict, &mut report) {
+            self.act(wake, now, node, verdict, &mut report);
         }
+        self.end_step(now, &mut report);
+        report
+    }
 
+    /// Acts on the plan.
+    fn act(
+        &mut self,
+        wake: &Wake,
+        now: Duration,
+        node: NodeMemory,
+        verdict: Verdict,
+        report: &mut StepReport,
+    ) {
         match verdict.plan {
-            _ if escalated => {}
-            Plan::Calm => {
+            PressurePlan::Calm => {
                 if matches!(wake, Wake::Psi { .. }) {
-                    self.explain_psi(wake, now, &node, &verdict, &mut report);
+                    self.explain_psi(wake, now, &node, &verdict, report);
                 }
             }
-            Plan::Watch | Plan::Hold(_) => {
+            PressurePlan::Watch | PressurePlan::Hold(_) => {
                 tracing::debug!(plan = ?verdict.plan, available = node.effective_available(), "holding");
             }
-            Plan::Reclaim { deficit } => {
-                let cands = self.candidates(false);
+            PressurePlan::Reclaim { deficit } => {
+                let cands = self.scanner.candidates(PauseCheck::AtPick);
                 let ranking = rank::rank(&cands, &self.policy);
                 self.log_decision("reclaim", wake, &node, &verdict, &cands, &ranking);
-                self.reclaim_top(deficit, &cands, &ranking, &mut report);
+                self.reclaim_top(deficit, &cands, &ranking, report);
                 self.lower_besteffort_high(&cands, &ranking);
             }
-            Plan::Evict { reason, deficit } => {
-                self.evict(wake, now, node, verdict, reason, deficit, &mut report)
+            PressurePlan::Evict { reason, deficit } => {
+                let e = Evicting {
+                    wake,
+                    now,
+                    node,
+                    verdict,
+                    reason,
+                    deficit,
+                };
+                self.evict(e, report)
             }
         }
+    }
 
-        if self.cfg.throttle.enabled && self.victim.is_none() && report.killed.is_none() {
-            self.throttle_pass(wake, now, &mut report);
-        }
-
+    /// After the plan: restore what pressure changed once it is over, and
+    /// when to look next.
+    fn end_step(&mut self, now: Duration, report: &mut StepReport) {
         if !self.decider.pressure() {
             if !self.lowered_high.is_empty() {
                 self.restore_high();
             }
-            self.stuck.clear();
+            evict::lock(&self.evictor).forget_stuck();
         }
         let following_psi = self.fast_until.is_some_and(|t| now < t);
-        if !self.decider.busy() && !following_psi {
-            report.next_check = self.calm_interval(&report);
-            self.next_full = now + self.cfg.check_interval.0;
+        let holding = evict::lock(&self.evictor).hold(now).is_some();
+        if !self.decider.busy() && !holding && !following_psi {
+            report.next_check = self.calm_interval(report);
+            self.quick.next_full = now + self.cfg.check_interval.0;
         }
-        if self.guard.busy() {
-            report.next_check = report.next_check.min(self.cfg.throttle.interval.0);
-        }
-        report
     }
 
     /// While calm: sooner the closer memory.available is to the first
@@ -323,17 +238,6 @@ impl Monitor {
             node.effective_available()
                 .saturating_sub(v.soft.max(v.hard)),
         )
-    }
-
-    pub(super) fn ranking_brief(cands: &[Candidate], ranking: &Ranking) -> String {
-        ranking
-            .order
-            .iter()
-            .take(5)
-            .enumerate()
-            .map(|(n, &i)| format!("#{} {}", n + 1, cands[i].brief()))
-            .collect::<Vec<_>>()
-            .join("; ")
     }
 
     pub(super) fn log_decision(
@@ -366,7 +270,7 @@ impl Monitor {
             candidates = ranking.order.len(),
             excluded = ranking.excluded.len(),
             usage_source = POD_USAGE_SOURCE,
-            ranking = %Self::ranking_brief(cands, ranking),
+            ranking = %rank::brief(cands, ranking),
             dry_run = self.cfg.dry_run,
             "memory pressure decision"
         );
@@ -384,7 +288,7 @@ impl Monitor {
     ) {
         let mut seen = HashMap::new();
         if let Some((kp, driver)) = self.kubepods() {
-            for pod in self.discovery.scan(&kp, driver).into_iter().take(MAX_PODS) {
+            for pod in self.scanner.pod_cgroups(&kp, driver) {
                 let hits = limit_hits(&pod.path);
                 let before = self.limit_seen.get(&pod.path).copied().unwrap_or(0);
                 if hits > before {

@@ -1,4 +1,4 @@
-//! Running the monitor: the entry points, the monitor thread with its PSI
+//! MonitorHandles the monitor: the entry point, the monitor thread with its PSI
 //! triggers, and the loop that waits for a wake-up and steps.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,77 +6,58 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::act::{self, ProcessOps};
 use super::triggers::Triggers;
-use super::{
-    protect, throttle, Clock, Monitor, MonitorConfig, MonitorError, Paths, SystemClock, Wake,
-};
-use crate::node::cluster;
+use super::{protect, Clock, Monitor, MonitorConfig, MonitorError, Paths, Wake};
+use crate::evict::SharedEvictor;
 use crate::node::registry::PodRegistry;
-use crate::node::relax::Relaxer;
 
-/// Runs the monitor alone (`nri-qos monitor`) until the future is dropped:
-/// no metrics, no API server, memory.high relaxed through the cgroup file.
+/// What the monitor runs with besides its settings.
+pub struct MonitorHandles {
+    /// Pod facts: the plugin's registry (and the API server's), or none.
+    pub pods: Arc<dyn PodRegistry>,
+    /// The eviction path, shared with the throttle guard when it runs.
+    pub evictor: SharedEvictor,
+    /// The clock the eviction path's other users read too.
+    pub clock: Arc<dyn Clock>,
+    /// Publishes node PSI averages, when the endpoint is on.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
+}
+
+/// Runs the monitor until the future is dropped: `nri-qos monitor`, and
+/// the plugin's node-pressure monitor (`with-monitor`).
 pub async fn run(
     cfg: MonitorConfig,
     paths: Paths,
-    pods: Arc<dyn PodRegistry>,
-) -> Result<(), MonitorError> {
-    run_in_plugin(
-        cfg,
-        paths,
-        pods,
-        None,
-        None,
-        Arc::new(throttle::FileRelaxer),
-    )
-    .await
-}
-
-/// The monitor in the plugin's process: publishing evictions and PSI to
-/// `metrics`, evicting through the API server when `cluster` is given, and
-/// relaxing memory.high through `relaxer` (the plugin's chosen route).
-pub async fn run_in_plugin(
-    cfg: MonitorConfig,
-    paths: Paths,
-    pods: Arc<dyn PodRegistry>,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-    cluster: Option<Arc<dyn cluster::ClusterEvictions>>,
-    relaxer: Arc<dyn Relaxer>,
+    with: MonitorHandles,
 ) -> Result<(), MonitorError> {
     cfg.validate()?;
-    if cfg.lock_memory {
+    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), with.pods, with.evictor);
+    if let Some(m) = with.metrics {
+        monitor = monitor.with_metrics(m);
+    }
+    start(cfg, paths, monitor, with.clock).await
+}
+
+/// `[monitor] lock-memory` and `nice`, on the monitor's own thread: mlockall
+/// walks every mapping of the process, and on the plugin's one async thread
+/// it could hold up the registration the runtime gives 5 s.
+fn protect_this_thread(lock_memory: bool, nice: i32) {
+    if lock_memory {
         match protect::lock_memory() {
             Ok(()) => {
                 tracing::info!("process memory locked as it is touched (mlockall, MCL_ONFAULT)")
             }
             Err(e) => tracing::warn!(error = %e,
-                "not locking the process's memory (needs CAP_IPC_LOCK); under pressure the kernel may page out the monitor's code"),
+                "not locking the process's memory (needs CAP_IPC_LOCK or an unlimited RLIMIT_MEMLOCK); under pressure the kernel may page out the monitor's code"),
         }
     }
-    let mut monitor = Monitor::new(cfg.clone(), paths.clone(), pods, Arc::new(act::Syscalls))
-        .with_relaxer(relaxer);
-    if let Some(m) = metrics {
-        monitor = monitor.with_metrics(m);
+    if nice != 0 {
+        match protect::set_thread_nice(nice) {
+            Ok(()) => tracing::info!(nice, "monitor thread priority raised"),
+            Err(e) => tracing::warn!(nice, error = %e,
+                "cannot set the monitor thread's nice value (needs CAP_SYS_NICE or RLIMIT_NICE); it competes for CPU like any process"),
+        }
     }
-    if let Some(c) = cluster {
-        monitor = monitor.with_cluster(c);
-    }
-    let nice = cfg.nice;
-    start(cfg, paths, monitor, Arc::new(SystemClock::default()), nice).await
-}
-
-/// `run` with the process syscalls and the clock injected.
-pub async fn run_with(
-    cfg: MonitorConfig,
-    paths: Paths,
-    pods: Arc<dyn PodRegistry>,
-    ops: Arc<dyn ProcessOps>,
-    clock: Arc<dyn Clock>,
-) -> Result<(), MonitorError> {
-    cfg.validate()?;
-    let monitor = Monitor::new(cfg.clone(), paths.clone(), pods, ops);
-    start(cfg, paths, monitor, clock, 0).await
 }
 
 /// Arms the PSI triggers on the current runtime and runs the loop on a
@@ -84,13 +65,11 @@ pub async fn run_with(
 /// per check, where tokio's timer wheel wakes twice for every timeout over
 /// 64 ms, which was half the idle cost; and a step's blocking file I/O and
 /// kill wait never hold up the plugin's NRI handlers.
-/// `nice` is applied to the monitor thread alone (0 leaves it).
 async fn start(
     cfg: MonitorConfig,
     paths: Paths,
     monitor: Monitor,
     clock: Arc<dyn Clock>,
-    nice: i32,
 ) -> Result<(), MonitorError> {
     let (tx, rx) = std::sync::mpsc::sync_channel(16);
     let mut triggers = Triggers::new(&cfg, &paths, tx.clone(), tokio::runtime::Handle::current());
@@ -108,16 +87,11 @@ async fn start(
     let stop = Arc::new(AtomicBool::new(false));
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let thread_stop = stop.clone();
+    let (lock_memory, nice) = (cfg.lock_memory, cfg.nice);
     std::thread::Builder::new()
         .name("nri-qos-monitor".into())
         .spawn(move || {
-            if nice != 0 {
-                match protect::set_thread_nice(nice) {
-                    Ok(()) => tracing::info!(nice, "monitor thread priority raised"),
-                    Err(e) => tracing::warn!(nice, error = %e,
-                        "cannot set the monitor thread's nice value (needs CAP_SYS_NICE); it competes for CPU like any process"),
-                }
-            }
+            protect_this_thread(lock_memory, nice);
             let r = drive(monitor, rx, clock, Some(triggers), &thread_stop);
             let _ = done_tx.send(r);
         })

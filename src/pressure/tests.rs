@@ -5,216 +5,55 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_lossless)]
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::act::fake::FakeOps;
-use super::decide::{Hold, Plan};
-use super::rank::Candidate;
+use super::decide::{Hold, PressurePlan};
 use super::*;
+use crate::evict::kill::fake::FakeOps;
+use crate::evict::pods::{cgroup_working_set, derive_request};
+use crate::evict::rank::{self, Candidate};
+use crate::evict::testing::*;
+use crate::evict::Evictor;
 use crate::node::layout::Driver;
 use crate::node::registry::{PodInfo, RequestSource};
-use crate::qos::QosClass;
+use crate::node::QosClass;
 use std::sync::Mutex;
 
-/// Pod facts a test hands the monitor, as the plugin or the API server would.
-#[derive(Default)]
-struct Pods(Mutex<HashMap<String, PodInfo>>);
-
-impl Pods {
-    fn upsert(&self, info: PodInfo) {
-        self.0.lock().unwrap().insert(info.uid.clone(), info);
-    }
-}
-
-impl PodRegistry for Pods {
-    fn get(&self, uid: &str) -> Option<PodInfo> {
-        self.0.lock().unwrap().get(uid).cloned()
-    }
-}
-
-const MI: u64 = 1 << 20;
-const GI: u64 = 1 << 30;
-const TOTAL: u64 = 16 * GI;
-
-struct Fake {
-    _dir: tempfile::TempDir,
-    paths: Paths,
-    kp: PathBuf,
-    driver: Driver,
-    next_pid: std::cell::Cell<i32>,
-}
-
-fn w(path: &Path, text: &str) {
-    if let Some(p) = path.parent() {
-        fs::create_dir_all(p).unwrap();
-    }
-    fs::write(path, text).unwrap();
-}
-
-impl Fake {
-    fn new(driver: Driver) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let paths = Paths {
-            cgroup_root: dir.path().join("cgroup"),
-            proc_root: dir.path().join("proc"),
-        };
-        let kp = paths.cgroup_root.join(match driver {
-            Driver::Systemd => "kubepods.slice",
-            Driver::Cgroupfs => "kubepods",
-        });
-        fs::create_dir_all(&kp).unwrap();
-        let f = Fake {
-            _dir: dir,
-            paths,
-            kp,
-            driver,
-            next_pid: std::cell::Cell::new(1000),
-        };
-        f.node_ws(4 * GI);
-        f.psi(&f.paths.node_psi(), 0.0, 0.0);
-        f.psi(&f.kp.join("memory.pressure"), 0.0, 0.0);
-        f
-    }
-
-    /// Node working set via the root memory.stat (anon only, no cache).
-    fn node_ws(&self, ws: u64) {
-        let free = TOTAL - ws;
-        w(
-            &self.paths.meminfo(),
-            &format!(
-                "MemTotal: {} kB\nMemFree: {} kB\nMemAvailable: {} kB\nInactive(file): 0 kB\n",
-                TOTAL / 1024,
-                free / 1024,
-                free / 1024
-            ),
-        );
-        w(
-            &self.paths.cgroup_root.join("memory.stat"),
-            &format!("anon {ws}\nfile 0\ninactive_file 0\n"),
-        );
-    }
-
-    fn psi(&self, path: &Path, some10: f64, full10: f64) {
-        w(
-            path,
-            &format!(
-                "some avg10={some10:.2} avg60=0.00 avg300=0.00 total=1\nfull avg10={full10:.2} avg60=0.00 avg300=0.00 total=1\n"
-            ),
-        );
-    }
-
-    fn pod_path(&self, uid: &str, class: QosClass) -> PathBuf {
-        let u = uid.replace('-', "_");
-        match (self.driver, class) {
-            (Driver::Cgroupfs, QosClass::Guaranteed) => self.kp.join(format!("pod{uid}")),
-            (Driver::Cgroupfs, QosClass::Burstable) => self.kp.join(format!("burstable/pod{uid}")),
-            (Driver::Cgroupfs, QosClass::BestEffort) => {
-                self.kp.join(format!("besteffort/pod{uid}"))
-            }
-            (Driver::Systemd, QosClass::Guaranteed) => {
-                self.kp.join(format!("kubepods-pod{u}.slice"))
-            }
-            (Driver::Systemd, QosClass::Burstable) => self.kp.join(format!(
-                "kubepods-burstable.slice/kubepods-burstable-pod{u}.slice"
-            )),
-            (Driver::Systemd, QosClass::BestEffort) => self.kp.join(format!(
-                "kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice"
-            )),
-        }
-    }
-
-    /// A pod with a pause container and one app container whose memory.min
-    /// carries the request (MemoryQoS); working set `ws` plus 10Mi of
-    /// inactive file cache that must not count.
-    fn pod(&self, uid: &str, class: QosClass, ws: u64, request: u64, app_comm: &str) -> PathBuf {
-        let p = self.pod_path(uid, class);
-        let cache = 64 * MI;
-        w(&p.join("memory.current"), &format!("{}\n", ws + cache));
-        w(
-            &p.join("memory.stat"),
-            &format!("anon {ws}\nfile {cache}\ninactive_file {cache}\n"),
-        );
-        w(
-            &p.join("memory.max"),
-            &if class == QosClass::Guaranteed {
-                request.to_string()
-            } else {
-                "max".into()
-            },
-        );
-        w(&p.join("memory.min"), "0\n");
-        w(&p.join("memory.high"), "max\n");
-        w(
-            &p.join("memory.events.local"),
-            "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
-        );
-        w(&p.join("cgroup.events"), "populated 1\nfrozen 0\n");
-        w(&p.join("cgroup.kill"), "");
-        w(&p.join("memory.reclaim"), "");
-        w(&p.join("cgroup.procs"), "");
-        for (ctr, comm, min) in [("pause", "pause", 0), ("app", app_comm, request)] {
-            let pid = self.next_pid.get();
-            self.next_pid.set(pid + 1);
-            let c = p.join(ctr);
-            w(&c.join("cgroup.procs"), &format!("{pid}\n"));
-            w(&c.join("memory.min"), &format!("{min}\n"));
-            w(
-                &c.join("memory.events.local"),
-                "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n",
-            );
-            w(
-                &self.paths.proc_root.join(format!("{pid}/comm")),
-                &format!("{comm}\n"),
-            );
-        }
-        p
-    }
-
-    fn gone(&self, pod: &Path) {
-        fs::remove_dir_all(pod).unwrap();
-    }
-}
-
-fn info(uid: &str, ns: &str, prio: Option<i32>) -> PodInfo {
-    PodInfo {
-        uid: uid.into(),
-        namespace: ns.into(),
-        name: format!("{uid}-name"),
-        priority: prio,
-        memory_request: None,
-        request_source: RequestSource::Unknown,
-        class: None,
-        static_pod: false,
+fn paths(f: &Fake) -> Paths {
+    Paths {
+        cgroup_root: f.cgroup_root.clone(),
+        proc_root: f.proc_root.clone(),
     }
 }
 
 fn monitor(f: &Fake, cfg: MonitorConfig, reg: Pods) -> (Monitor, Arc<FakeOps>) {
+    monitor_with(f, cfg, reg, |e| e)
+}
+
+/// A monitor on `f` whose eviction path `with` may give an API server or
+/// metrics.
+fn monitor_with(
+    f: &Fake,
+    cfg: MonitorConfig,
+    reg: Pods,
+    with: impl FnOnce(Evictor) -> Evictor,
+) -> (Monitor, Arc<FakeOps>) {
     let ops = Arc::new(FakeOps::default());
     // Fake pods never die by themselves; do not spin on them.
     let cfg = MonitorConfig {
         kill_wait: "0s".parse().unwrap(),
         ..cfg
     };
-    (
-        Monitor::new(cfg, f.paths.clone(), Arc::new(reg), ops.clone()),
-        ops,
-    )
-}
-
-fn ms(v: u64) -> Duration {
-    Duration::from_millis(v)
+    let evictor = with(Evictor::new((&cfg).into(), ops.clone())).shared();
+    (Monitor::new(cfg, paths(f), Arc::new(reg), evictor), ops)
 }
 
 fn psi_wake() -> Wake {
     Wake::Psi {
         source: "kubepods:full 100000 1000000".into(),
     }
-}
-
-fn killed(p: &Path) -> bool {
-    fs::read_to_string(p.join("cgroup.kill")).unwrap_or_default() == "1"
 }
 
 /// One pod thrashing against its own memory.max drives kubepods PSI way up
@@ -225,11 +64,11 @@ fn pressure_single_pod_at_own_limit_evicts_nothing() {
     let hog = f.pod("hog-1", QosClass::Burstable, 512 * MI, 128 * MI, "hog");
     let other = f.pod("be-1", QosClass::BestEffort, 300 * MI, 0, "web");
     f.psi(&f.kp.join("memory.pressure"), 85.0, 70.0);
-    f.psi(&f.paths.node_psi(), 40.0, 30.0);
+    f.psi(&f.node_psi(), 40.0, 30.0);
     let (mut m, ops) = monitor(&f, MonitorConfig::default(), Pods::default());
 
     let r = m.step(&psi_wake(), ms(0));
-    assert_eq!(r.verdict.unwrap().plan, Plan::Calm);
+    assert_eq!(r.verdict.unwrap().plan, PressurePlan::Calm);
     w(
         &hog.join("app/memory.events.local"),
         "low 0\nhigh 0\nmax 57\noom 0\noom_kill 0\n",
@@ -239,7 +78,7 @@ fn pressure_single_pod_at_own_limit_evicts_nothing() {
     // Keep waking it for 20 s worth of trigger windows.
     for i in 2..200 {
         let r = m.step(&psi_wake(), ms(i * 100));
-        assert_eq!(r.verdict.unwrap().plan, Plan::Calm);
+        assert_eq!(r.verdict.unwrap().plan, PressurePlan::Calm);
         assert!(r.killed.is_none() && r.would_kill.is_none() && r.reclaimed.is_empty());
     }
     assert!(!killed(&hog) && !killed(&other));
@@ -319,7 +158,7 @@ fn pressure_tree(driver: Driver) -> (Fake, Pods, [PathBuf; 6]) {
     reg.upsert(info("b-over", "default", Some(0)));
     // 50Mi left: below the 100Mi hard threshold.
     f.node_ws(TOTAL - 50 * MI);
-    f.psi(&f.paths.node_psi(), 30.0, 12.0);
+    f.psi(&f.node_psi(), 30.0, 12.0);
     (f, reg, [g, b_under, b_over, be, sys, crit])
 }
 
@@ -340,7 +179,10 @@ fn pressure_hard_kills_one_pod_in_kubelet_order_then_waits() {
     // At most one kill in flight: still populated, so hold.
     for t in [100, 200, 300] {
         let r = m.step(&Wake::Tick, ms(t));
-        assert_eq!(r.verdict.unwrap().plan, Plan::Hold(Hold::KillInFlight));
+        assert_eq!(
+            r.verdict.unwrap().plan,
+            PressurePlan::Hold(Hold::KillInFlight)
+        );
         assert!(r.killed.is_none());
         assert_eq!(r.next_check, ms(100));
     }
@@ -349,7 +191,7 @@ fn pressure_hard_kills_one_pod_in_kubelet_order_then_waits() {
     let r = m.step(&Wake::Tick, ms(400));
     assert_eq!(
         r.verdict.unwrap().plan,
-        Plan::Hold(Hold::Cooldown {
+        PressurePlan::Hold(Hold::Cooldown {
             remaining: ms(1000)
         })
     );
@@ -394,7 +236,7 @@ fn pressure_stops_once_threshold_plus_min_reclaim_is_clear() {
     let r = m.step(&Wake::Tick, ms(2200));
     assert!(r.killed.is_none());
     let v = r.verdict.unwrap();
-    assert_eq!(v.plan, Plan::Calm);
+    assert_eq!(v.plan, PressurePlan::Calm);
     assert!(v.pressure);
     assert_eq!(r.next_check, ms(100));
 }
@@ -426,7 +268,10 @@ fn pressure_dry_run_writes_nothing() {
     let (mut m, _) = monitor(&f, cfg, Pods::default());
     f.node_ws(TOTAL - 250 * MI);
     let r = m.step(&Wake::Tick, ms(0));
-    assert!(matches!(r.verdict.unwrap().plan, Plan::Reclaim { .. }));
+    assert!(matches!(
+        r.verdict.unwrap().plan,
+        PressurePlan::Reclaim { .. }
+    ));
     assert!(!r.reclaimed.is_empty());
     for p in &paths {
         assert!(!killed(p));
@@ -446,7 +291,10 @@ fn pressure_soft_reclaims_lowers_besteffort_high_then_restores() {
     let (mut m, _) = monitor(&f, cfg, reg);
     f.node_ws(TOTAL - 250 * MI);
     let r = m.step(&Wake::Tick, ms(0));
-    assert_eq!(r.verdict.unwrap().plan, Plan::Reclaim { deficit: 114 * MI });
+    assert_eq!(
+        r.verdict.unwrap().plan,
+        PressurePlan::Reclaim { deficit: 114 * MI }
+    );
     assert_eq!(r.reclaimed, vec!["b-over", "be-1", "b-under"]);
     assert_eq!(
         fs::read_to_string(b_over.join("memory.reclaim")).unwrap(),
@@ -502,9 +350,9 @@ inactive_file 4194304
         (4 * MI).to_string()
     );
     // With swap, anon counts too.
-    let text = fs::read_to_string(f.paths.meminfo()).unwrap();
+    let text = fs::read_to_string(f.meminfo()).unwrap();
     w(
-        &f.paths.meminfo(),
+        &f.meminfo(),
         &format!(
             "{text}SwapFree: 1048576 kB
 "
@@ -540,12 +388,9 @@ fn pressure_hard_kill_reclaims_first_when_configured() {
 fn pressure_kill_wait_sees_the_cgroup_empty() {
     let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Systemd);
     let ops = Arc::new(FakeOps::default());
-    let mut m = Monitor::new(
-        MonitorConfig::default(),
-        f.paths.clone(),
-        Arc::new(reg),
-        ops,
-    );
+    let cfg = MonitorConfig::default();
+    let evictor = Evictor::new((&cfg).into(), ops).shared();
+    let mut m = Monitor::new(cfg, paths(&f), Arc::new(reg), evictor);
     // The "kernel" empties the cgroup 30 ms after cgroup.kill is written.
     let events = b_over.join("cgroup.events");
     let watcher = std::thread::spawn(move || {
@@ -564,7 +409,7 @@ fn pressure_kill_wait_sees_the_cgroup_empty() {
     // Not in flight any more: only the cooldown holds the next decision.
     assert!(matches!(
         m.step(&Wake::Tick, ms(100)).verdict.unwrap().plan,
-        Plan::Hold(Hold::Cooldown { .. })
+        PressurePlan::Hold(Hold::Cooldown { .. })
     ));
 }
 
@@ -598,11 +443,11 @@ fn pressure_node_and_pod_numbers_and_sources() {
     let f = Fake::new(Driver::Systemd);
     let b = f.pod("b-1", QosClass::Burstable, 100 * MI, 64 * MI, "x");
     let g = f.pod("g-1", QosClass::Guaranteed, 100 * MI, 256 * MI, "y");
-    let n = measure_node(&f.paths).unwrap();
+    let n = measure_node(&paths(&f)).unwrap();
     assert_eq!((n.available, n.source), (12 * GI, WS_ROOT_STAT));
     // Without the root memory.stat: MemTotal − MemFree − Inactive(file).
-    fs::remove_file(f.paths.cgroup_root.join("memory.stat")).unwrap();
-    let n = measure_node(&f.paths).unwrap();
+    fs::remove_file(f.cgroup_root.join("memory.stat")).unwrap();
+    let n = measure_node(&paths(&f)).unwrap();
     assert_eq!((n.available, n.source), (12 * GI, WS_MEMINFO));
     assert_eq!(cgroup_working_set(&b).unwrap(), 100 * MI);
     assert_eq!(
@@ -625,8 +470,8 @@ fn pressure_node_and_pod_numbers_and_sources() {
         (4096, RequestSource::CgroupPodMinLow)
     );
     // Junk in meminfo is an error naming the file, not a panic.
-    w(&f.paths.meminfo(), "MemTotal: lots kB\n");
-    let e = measure_node(&f.paths).unwrap_err().to_string();
+    w(&f.meminfo(), "MemTotal: lots kB\n");
+    let e = measure_node(&paths(&f)).unwrap_err().to_string();
     assert!(e.contains("meminfo") && e.contains("line 1"), "{e}");
 }
 
@@ -699,7 +544,7 @@ fn pressure_allocatable_signal_from_kubepods_limit() {
         &f.kp.join("memory.stat"),
         &format!("anon 1\ninactive_file {}\n", 20 * MI),
     );
-    let n = measure(&f.paths, Some(&f.kp), true).unwrap();
+    let n = measure(&paths(&f), Some(&f.kp), true).unwrap();
     assert_eq!(
         (n.available, n.allocatable_available),
         (12 * GI, Some(50 * MI))
@@ -714,7 +559,10 @@ fn pressure_allocatable_signal_from_kubepods_limit() {
         ..MonitorConfig::default()
     };
     let (mut m, _) = monitor(&f, cfg, Pods::default());
-    assert_eq!(m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan, Plan::Calm);
+    assert_eq!(
+        m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan,
+        PressurePlan::Calm
+    );
 }
 
 /// The kubelet's memory.available leaves kernel memory out; the kernel's
@@ -725,13 +573,13 @@ fn pressure_mem_available_signal_counts_kernel_memory() {
     // 400Mi free by the kubelet's formula, but 200Mi of slab and page
     // tables leave the kernel 80Mi: below the hard threshold.
     f.node_ws(TOTAL - 400 * MI);
-    let text = fs::read_to_string(f.paths.meminfo()).unwrap();
+    let text = fs::read_to_string(f.meminfo()).unwrap();
     let text = text.replace(
         &format!("MemAvailable: {} kB", 400 * MI / 1024),
         &format!("MemAvailable: {} kB", 80 * MI / 1024),
     );
-    w(&f.paths.meminfo(), &text);
-    let n = measure(&f.paths, None, true).unwrap();
+    w(&f.meminfo(), &text);
+    let n = measure(&paths(&f), None, true).unwrap();
     assert_eq!((n.available, n.effective_available()), (400 * MI, 80 * MI));
     assert_eq!(n.signal(), "MemAvailable");
     let (mut m, _) = monitor(&f, MonitorConfig::default(), reg);
@@ -744,7 +592,7 @@ fn pressure_mem_available_signal_counts_kernel_memory() {
     let (mut m, _) = monitor(&f, cfg, Pods::default());
     assert_ne!(
         m.step(&Wake::Tick, ms(0)).verdict.unwrap().plan,
-        Plan::Evict {
+        PressurePlan::Evict {
             reason: decide::Reason::Hard,
             deficit: 24 * MI
         }
@@ -768,8 +616,9 @@ fn pressure_pod_that_does_not_die_is_skipped_after_kill_timeout() {
 #[test]
 fn pressure_evictions_and_psi_reach_the_metrics() {
     let (f, reg, [_, _, b_over, ..]) = pressure_tree(Driver::Cgroupfs);
-    let (m, _ops) = monitor(&f, MonitorConfig::default(), reg);
     let metrics = Arc::new(crate::metrics::Metrics::new());
+    let with = metrics.clone();
+    let (m, _ops) = monitor_with(&f, MonitorConfig::default(), reg, |e| e.with_metrics(with));
     let mut m = m.with_metrics(metrics.clone());
     let r = m.step(&psi_wake(), ms(0));
     assert_eq!(r.killed.as_deref(), Some("b-over"));
@@ -785,268 +634,10 @@ fn pressure_evictions_and_psi_reach_the_metrics() {
     );
 }
 
-// ---- The memory.high throttle guard on a fake tree ---------------------
-
-/// Writes a container's throttle files, mirroring its counters into the pod
-/// and the QoS parent (memory.events is hierarchical).
-fn throttle_files(
-    f: &Fake,
-    pod: &Path,
-    counters: (u64, u64),
-    psi: f64,
-    high: &str,
-    max: &str,
-) -> PathBuf {
-    let app = pod.join("app");
-    let events = format!(
-        "low 0\nhigh {}\nmax {}\noom 0\noom_kill 0\n",
-        counters.0, counters.1
-    );
-    for cg in [app.as_path(), pod, pod.parent().unwrap()] {
-        w(&cg.join("memory.events"), &events);
-        f.psi(&cg.join("memory.pressure"), psi, 0.0);
-    }
-    w(&app.join("memory.high"), &format!("{high}\n"));
-    w(&app.join("memory.max"), &format!("{max}\n"));
-    app
-}
-
-fn throttle_monitor(f: &Fake, reg: Pods) -> (Monitor, Arc<FakeOps>) {
-    let cfg = MonitorConfig {
-        check_interval: "500ms".parse().unwrap(),
-        ..MonitorConfig::default()
-    };
-    monitor(f, cfg, reg)
-}
-
-/// 200 high events/s for 30 s on a Burstable container (236Mi of 256Mi):
-/// memory.high goes to memory.max once, after the grace period; a
-/// Guaranteed pod whose counters move just as much is never touched.
-#[test]
-fn throttle_sustained_high_relaxes_once_through_the_file() {
-    let f = Fake::new(Driver::Systemd);
-    let b = f.pod("b-1", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
-    let g = f.pod("g-1", QosClass::Guaranteed, 100 * MI, 256 * MI, "db");
-    let (mut m, ops) = throttle_monitor(&f, Pods::default());
-    let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
-    let mut relaxed_at = Vec::new();
-    for i in 0..60u64 {
-        let now = ms(i * 500);
-        // Once relaxed, the file says high == max and the events stop.
-        let app = b.join("app");
-        let cur = fs::read_to_string(app.join("memory.high")).unwrap_or(high.clone());
-        let events = if cur.trim() == max { 2000 } else { i * 100 };
-        throttle_files(&f, &b, (events, 0), 20.0, cur.trim(), &max);
-        throttle_files(&f, &g, (i * 100, 0), 20.0, &max, &max);
-        let r = m.step(&Wake::Tick, now);
-        if !r.relaxed.is_empty() {
-            relaxed_at.push((now, r.relaxed.clone()));
-        }
-        assert!(r.killed.is_none(), "step {i}: {r:?}");
-    }
-    assert_eq!(relaxed_at.len(), 1, "{relaxed_at:?}");
-    let (at, which) = &relaxed_at[0];
-    assert_eq!(which, &vec![b.join("app")]);
-    // First rate after RATE_WINDOW (2 s), then the 10 s grace period.
-    assert!(*at >= ms(10_000) && *at <= ms(12_500), "relaxed at {at:?}");
-    assert_eq!(
-        fs::read_to_string(b.join("app/memory.high"))
-            .unwrap()
-            .trim(),
-        max
-    );
-    assert_eq!(
-        fs::read_to_string(g.join("app/memory.high"))
-            .unwrap()
-            .trim(),
-        max
-    );
-    assert!(ops.killed.lock().unwrap().is_empty());
-    assert!(!killed(&b) && !killed(&g));
-}
-
-/// A transient 5 s burst (shorter than the grace period) and a container
-/// restart (counters back to 0, then climbing slowly) never act.
-#[test]
-fn throttle_transient_spike_and_restart_do_nothing() {
-    let f = Fake::new(Driver::Cgroupfs);
-    let b = f.pod("b-2", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
-    let (mut m, _) = throttle_monitor(&f, Pods::default());
-    let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
-    let mut n = 0;
-    for i in 0..80u64 {
-        let (burst, psi) = if (4..14).contains(&i) {
-            (500, 30.0)
-        } else {
-            (0, 0.0)
-        };
-        n += burst;
-        if i == 40 {
-            n = 3; // restart: a new cgroup, counters from 0
-        }
-        throttle_files(&f, &b, (n, 0), psi, &high, &max);
-        let r = m.step(&Wake::Tick, ms(i * 500));
-        assert!(
-            r.relaxed.is_empty() && r.killed.is_none(),
-            "step {i}: {r:?}"
-        );
-    }
-    assert_eq!(
-        fs::read_to_string(b.join("app/memory.high")).unwrap(),
-        format!("{high}\n")
-    );
-}
-
-/// Stage 2 without a `high` signal: two pods stalled (PSI only) past the
-/// grace period; the ranking picks the larger usage above request first
-/// (the kubelet's order, as under node pressure), and nothing is relaxed.
-#[test]
-fn throttle_psi_only_evicts_in_ranking_order() {
-    let f = Fake::new(Driver::Systemd);
-    let b = f.pod("b-3", QosClass::Burstable, 300 * MI, 64 * MI, "worker");
-    let e = f.pod("e-3", QosClass::BestEffort, 400 * MI, 0, "batch");
-    let (mut m, _) = throttle_monitor(&f, Pods::default());
-    let mut killed_at = None;
-    for i in 0..30u64 {
-        let max = (512 * MI).to_string();
-        throttle_files(&f, &b, (0, 0), 40.0, &max, &max);
-        throttle_files(&f, &e, (0, 0), 40.0, &(400 * MI).to_string(), "max");
-        let r = m.step(&Wake::Tick, ms(i * 500));
-        assert!(r.relaxed.is_empty(), "step {i}: {r:?}");
-        if r.killed.is_some() {
-            killed_at = Some((ms(i * 500), r.killed.clone().unwrap()));
-            break;
-        }
-    }
-    let (at, uid) = killed_at.expect("a stalled pod is evicted");
-    assert_eq!(uid, "e-3");
-    assert!(at >= ms(10_000), "{at:?}");
-    assert!(killed(&e) && !killed(&b));
-    // The runtime has not removed the emptied cgroup yet and its PSI still
-    // reads high: the guard lets it go instead of deciding again each pass.
-    for cg in [e.clone(), e.join("app"), e.join("pause")] {
-        w(&cg.join("cgroup.events"), "populated 0\nfrozen 0\n");
-    }
-    for i in 1..=4u64 {
-        let r = m.step(&Wake::Tick, at + ms(i * 500));
-        assert!(r.killed.is_none(), "{r:?}");
-    }
-    assert!(!m.guard.is_tracked(&e.join("app")));
-    assert!(m.guard.is_tracked(&b.join("app")));
-}
-
-/// Critical pods are never throttle victims; dry-run relaxes nothing.
-#[test]
-fn throttle_never_critical_and_dry_run_writes_nothing() {
-    let f = Fake::new(Driver::Systemd);
-    let reg = Pods::default();
-    reg.upsert(info("c-4", "kube-system", None));
-    let c = f.pod("c-4", QosClass::Burstable, 300 * MI, 64 * MI, "dns");
-    let (mut m, _) = throttle_monitor(&f, reg);
-    let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
-    for i in 0..60u64 {
-        throttle_files(&f, &c, (0, i * 100), 40.0, &max, &max);
-        let r = m.step(&Wake::Tick, ms(i * 500));
-        assert!(r.killed.is_none(), "step {i}: {r:?}");
-    }
-    assert!(!killed(&c));
-
-    let f = Fake::new(Driver::Systemd);
-    let b = f.pod("b-4", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
-    let mut cfg = MonitorConfig {
-        check_interval: "500ms".parse().unwrap(),
-        ..MonitorConfig::default()
-    };
-    cfg.throttle.dry_run = true;
-    let (mut m, _) = monitor(&f, cfg, Pods::default());
-    let mut would = 0;
-    for i in 0..30u64 {
-        throttle_files(&f, &b, (i * 100, 0), 5.0, &high, &max);
-        would += m.step(&Wake::Tick, ms(i * 500)).relaxed.len();
-    }
-    assert_eq!(would, 1);
-    assert_eq!(
-        fs::read_to_string(b.join("app/memory.high")).unwrap(),
-        format!("{high}\n")
-    );
-}
-
-/// The API server's answers, scripted per pod; records what was asked.
-#[derive(Default)]
-struct FakeCluster {
-    refuse: Vec<&'static str>,
-    unreachable: bool,
-    asked: std::sync::Mutex<Vec<(String, bool)>>,
-    relaxed: std::sync::Mutex<Vec<cluster::RelaxNotice>>,
-}
-
-impl cluster::ClusterEvictions for FakeCluster {
-    fn evict(&self, n: &cluster::EvictionNotice, _limit: Duration) -> cluster::EvictOutcome {
-        self.asked.lock().unwrap().push((n.uid.clone(), n.hard));
-        if self.unreachable {
-            cluster::EvictOutcome::Unreachable
-        } else if self.refuse.contains(&n.uid.as_str()) {
-            cluster::EvictOutcome::RefusedByPdb
-        } else {
-            cluster::EvictOutcome::Created
-        }
-    }
-    fn evict_after_kill(&self, n: cluster::EvictionNotice) {
-        self.asked.lock().unwrap().push((n.uid.clone(), n.hard));
-    }
-    fn memory_high_relaxed(&self, n: cluster::RelaxNotice) {
-        self.relaxed.lock().unwrap().push(n);
-    }
-}
-
-/// With the API server configured, the guard's relax posts one notice (the
-/// `MemoryHighRelaxed` Event) for the pod it knows, and none for a pod it
-/// does not know; the relax itself never depends on it.
-#[test]
-fn throttle_relax_tells_the_api_server_about_known_pods() {
-    let f = Fake::new(Driver::Systemd);
-    let b = f.pod("b-7", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
-    let u = f.pod("u-7", QosClass::Burstable, 240 * MI, 64 * MI, "memhog");
-    let reg = Pods::default();
-    reg.upsert(info("b-7", "default", None));
-    let api = Arc::new(FakeCluster::default());
-    let (m, _) = throttle_monitor(&f, reg);
-    let mut m = m.with_cluster(api.clone());
-    let (high, max) = ((236 * MI).to_string(), (256 * MI).to_string());
-    let mut relaxed = 0;
-    for i in 0..30u64 {
-        for pod in [&b, &u] {
-            let cur = fs::read_to_string(pod.join("app/memory.high")).unwrap_or(high.clone());
-            throttle_files(&f, pod, (i * 100, 0), 20.0, cur.trim(), &max);
-        }
-        relaxed += m.step(&Wake::Tick, ms(i * 500)).relaxed.len();
-    }
-    assert_eq!(relaxed, 2);
-    for pod in [&b, &u] {
-        let v = fs::read_to_string(pod.join("app/memory.high")).unwrap();
-        assert_eq!(v.trim(), max);
-    }
-    let told = api.relaxed.lock().unwrap();
-    assert_eq!(told.len(), 1, "{told:?}");
-    let n = &told[0];
-    assert_eq!(
-        (n.uid.as_str(), n.namespace.as_str(), n.name.as_str()),
-        ("b-7", "default", "b-7-name")
-    );
-    assert_eq!(
-        (n.from.as_str(), n.to.as_str()),
-        (high.as_str(), max.as_str())
-    );
-    assert!(n.high_rate > 50.0 && n.psi_some_avg10 > 10.0, "{n:?}");
-    assert_eq!(n.grace, "10s");
-    assert!(api.asked.lock().unwrap().is_empty());
-}
-
 fn soft_with(api: Arc<FakeCluster>) -> (Fake, [PathBuf; 6], StepReport) {
     let (f, reg, pods) = pressure_tree(Driver::Systemd);
     reg.upsert(info("be-1", "default", None));
-    let (m, _) = monitor(&f, MonitorConfig::default(), reg);
-    let mut m = m.with_cluster(api);
+    let (mut m, _) = monitor_with(&f, MonitorConfig::default(), reg, |e| e.with_cluster(api));
     f.node_ws(TOTAL - 250 * MI);
     for t in (0..2000).step_by(100) {
         m.step(&Wake::Tick, ms(t));
@@ -1080,8 +671,8 @@ fn pressure_an_eviction_nobody_carries_out_ends_in_that_pods_kill() {
     let api = Arc::new(FakeCluster::default());
     let (f, reg, [_, _, b_over, be, ..]) = pressure_tree(Driver::Systemd);
     reg.upsert(info("be-1", "default", None));
-    let (m, _) = monitor(&f, MonitorConfig::default(), reg);
-    let mut m = m.with_cluster(api.clone());
+    let with = api.clone();
+    let (mut m, _) = monitor_with(&f, MonitorConfig::default(), reg, |e| e.with_cluster(with));
     f.node_ws(TOTAL - 250 * MI);
     let mut evicted = None;
     for t in (0..=2000).step_by(100) {
@@ -1126,8 +717,8 @@ fn pressure_hard_kills_first_and_tells_the_api_after() {
         refuse: vec!["b-over"],
         ..Default::default()
     });
-    let (m, _) = monitor(&f, MonitorConfig::default(), reg);
-    let mut m = m.with_cluster(api.clone());
+    let with = api.clone();
+    let (mut m, _) = monitor_with(&f, MonitorConfig::default(), reg, |e| e.with_cluster(with));
     let r = m.step(&psi_wake(), ms(0));
     // A budget does not hold back the hard kill.
     assert_eq!(r.killed.as_deref(), Some("b-over"));
@@ -1150,6 +741,7 @@ fn pressure_static_pods_are_never_victims() {
 
 mod registry_requests {
     use super::*;
+    use crate::evict::rank::RankPolicy;
     use crate::node::registry::tests::registry;
     use proptest::prelude::*;
 

@@ -26,6 +26,19 @@ pub const MEMORY_HIGH_ANNOTATION: &str = "memory-high.qos.nri-qos.io";
 /// containerd's annotation telling the sandbox (pause) container apart.
 pub const CONTAINER_TYPE_ANNOTATION: &str = "io.kubernetes.cri.container-type";
 
+/// Whether the policy reads the pod annotation `key`; no other is kept
+/// of a pod the runtime describes in Synchronize.
+pub fn reads_pod_annotation(key: &str) -> bool {
+    key == MEMORY_REQUEST_ANNOTATION
+        || key == MEMORY_HIGH_ANNOTATION
+        || key.starts_with(MEMORY_REQUEST_ANNOTATION_PREFIX)
+}
+
+/// Whether the policy reads the container annotation `key`.
+pub fn reads_container_annotation(key: &str) -> bool {
+    key == CONTAINER_TYPE_ANNOTATION
+}
+
 /// How shares become cgroup v2 `cpu.weight`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

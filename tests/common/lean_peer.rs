@@ -142,11 +142,21 @@ impl LeanPeer {
     /// The mux frames of a call to the plugin's `method` with an encoded
     /// request, taking the next stream id: what [`Self::round_trip`] sends.
     pub fn request(&mut self, method: &str, payload: &[u8]) -> Vec<u8> {
+        self.request_with_timeout(method, payload, std::time::Duration::from_secs(2))
+    }
+
+    /// [`Self::request`] with the request timeout `timeout`.
+    pub fn request_with_timeout(
+        &mut self,
+        method: &str,
+        payload: &[u8],
+        timeout: std::time::Duration,
+    ) -> Vec<u8> {
         let req = ttrpc::Request {
             service: PLUGIN_SERVICE.into(),
             method: method.into(),
             payload: payload.to_vec(),
-            timeout_nano: 2_000_000_000,
+            timeout_nano: i64::try_from(timeout.as_nanos()).unwrap(),
             ..Default::default()
         };
         let stream_id = self.next_stream;

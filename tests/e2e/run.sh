@@ -192,6 +192,13 @@ if [ "$has_crio" = 1 ]; then
     (cd "$ROOT" && cargo build --quiet --example oci-registry)
 fi
 
+JOURNAL_SINK=""
+if [[ " ${scenarios[*]} " == *" guarded "* ]]; then
+    # A pre-launched plugin logs to the journal; the guest has no systemd.
+    log "building the journal-sink example (scenario guarded)"
+    (cd "$ROOT" && cargo build --quiet --example journal-sink)
+    JOURNAL_SINK="$TARGET/debug/examples/journal-sink"
+fi
 # containerd 2.2.7 and 2.3.4 are built from upstream (../shared/tools/README.md):
 # a directory with containerd, containerd-shim-runc-v2 and ctr (each plain or
 # .xz), from NRI_QOS_CONTAINERD_2_2 / NRI_QOS_CONTAINERD_2_3 or beside the
@@ -474,6 +481,7 @@ build_initramfs() {
     cp "$CRI_CLIENT" "$r/e2e/bin/cri-client"
     [ -z "$NRI_QOS" ] || cp "$NRI_QOS" "$r/e2e/bin/nri-qos"
     [ "$kube_node" = 0 ] || kube_node_rootfs "$r"
+    [ -z "$JOURNAL_SINK" ] || cp "$JOURNAL_SINK" "$r/e2e/bin/journal-sink"
     for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
     cp "$WORK/memhog" "$r/e2e/bin/memhog"
@@ -487,6 +495,12 @@ build_initramfs() {
     cp "$CACHE"/{loop,zsmalloc,lzo-rle,zram}.ko "$r/e2e/"
     cp "$HERE"/scenarios/*.json "$r/e2e/scenarios/"
     cp -r "$HERE/scenarios/pods" "$r/e2e/scenarios/"
+    # The shipped install files, as an operator copies them (scenario guarded).
+    mkdir -p "$r/e2e/config/nri" "$r/e2e/config/kubernetes" "$r/e2e/config/systemd"
+    cp "$ROOT/config/nri-qos.toml" "$r/e2e/config/"
+    cp "$ROOT/config/nri/10-nri-qos.conf" "$r/e2e/config/nri/"
+    cp "$ROOT/config/kubernetes/daemonset.yaml" "$r/e2e/config/kubernetes/"
+    cp "$ROOT/config/systemd/nri-qos.service" "$r/e2e/config/systemd/"
     # 2.2 and 2.3 take 2.1's version 3 file (2.3 migrates it at start)
     case "$first" in
     1.7) config_17 ;;

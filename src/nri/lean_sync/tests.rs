@@ -4,6 +4,12 @@ use proptest::prelude::*;
 use protobuf::{Message, MessageField};
 
 use super::*;
+use crate::nri::convert;
+use crate::qos::policy::{
+    CONTAINER_TYPE_ANNOTATION, MEMORY_HIGH_ANNOTATION, MEMORY_REQUEST_ANNOTATION,
+    MEMORY_REQUEST_ANNOTATION_PREFIX,
+};
+use crate::qos::{self, NodeFacts};
 
 fn some<T>(v: T) -> MessageField<T> {
     MessageField::some(v)
@@ -67,6 +73,13 @@ fn request(
         pod.namespace = "ns".into();
         pod.labels = map.clone();
         pod.annotations = map.clone();
+        // Annotations the policy reads, beside the map's, which it does not.
+        pod.annotations.insert(
+            format!("{MEMORY_REQUEST_ANNOTATION_PREFIX}ctr-{id}"),
+            "64Mi".into(),
+        );
+        pod.annotations
+            .insert(MEMORY_HIGH_ANNOTATION.into(), "off".into());
         pod.runtime_handler = "runc".into();
         pod.pid = 42;
         pod.ips = vec!["10.0.0.1".into()];
@@ -94,6 +107,8 @@ fn request(
         c.state = protobuf::EnumOrUnknown::from_i32(state);
         c.labels = map.clone();
         c.annotations = map.clone();
+        c.annotations
+            .insert(CONTAINER_TYPE_ANNOTATION.into(), "container".into());
         c.pid = u32::try_from(n.unsigned_abs() % 100_000).unwrap_or(1);
         c.args = vec!["/bin/app".into(), "--flag".into()];
         c.env = map.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -145,6 +160,12 @@ fn lean_resources(r: &api::LinuxResources) -> api::LinuxResources {
     }
 }
 
+/// The entries of `map` whose key `reads` takes.
+fn read(map: &HashMap<String, String>, reads: fn(&str) -> bool) -> HashMap<String, String> {
+    let read = map.iter().filter(|(k, _)| reads(k));
+    read.map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
 /// The generated parser's result reduced to the fields nri-qos reads.
 fn used_fields(full: &api::SynchronizeRequest) -> api::SynchronizeRequest {
     let pods = full.pods.iter().map(|p| api::PodSandbox {
@@ -152,8 +173,7 @@ fn used_fields(full: &api::SynchronizeRequest) -> api::SynchronizeRequest {
         name: p.name.clone(),
         uid: p.uid.clone(),
         namespace: p.namespace.clone(),
-        labels: p.labels.clone(),
-        annotations: p.annotations.clone(),
+        annotations: read(&p.annotations, policy::reads_pod_annotation),
         linux: p
             .linux
             .as_ref()
@@ -170,8 +190,7 @@ fn used_fields(full: &api::SynchronizeRequest) -> api::SynchronizeRequest {
         pod_sandbox_id: c.pod_sandbox_id.clone(),
         name: c.name.clone(),
         state: c.state,
-        labels: c.labels.clone(),
-        annotations: c.annotations.clone(),
+        annotations: read(&c.annotations, policy::reads_container_annotation),
         pid: c.pid,
         linux: c
             .linux
@@ -206,17 +225,25 @@ proptest! {
         let full = api::SynchronizeRequest::parse_from_bytes(&bytes).unwrap();
         let lean = decode_synchronize(&bytes).unwrap();
         prop_assert_eq!(&lean, &used_fields(&full));
-        prop_assert_eq!(indexed_then_decoded(&bytes).unwrap(), lean);
+        prop_assert_eq!(indexed_then_decoded(&bytes).unwrap(), lean.clone());
+        let objects = lean.pods.len() + lean.containers.len();
+        let counted = Walked { more: lean.more, counted: objects };
+        prop_assert_eq!(count_objects(&bytes).unwrap(), counted);
+        // Counting from the first object on is counting.
+        prop_assert_eq!(for_each_object(&bytes, |_| Next::Count).unwrap(), Walked {
+            counted: objects.saturating_sub(1),
+            ..counted
+        });
     }
 
     #[test]
     fn garbage_is_an_error_or_a_message_never_a_panic(
         bytes in prop::collection::vec(any::<u8>(), 0..200),
     ) {
-        let lean = decode_synchronize(&bytes);
-        let indexed = indexed_then_decoded(&bytes);
-        prop_assert_eq!(lean.is_ok(), indexed.is_ok());
-        if let (Ok(lean), Ok(indexed)) = (lean, indexed) {
+        // Indexing reads less (it is for our own encoding), so it may
+        // refuse or take other garbage, but never panics either.
+        let _ = count_objects(&bytes);
+        if let (Ok(lean), Ok(indexed)) = (decode_synchronize(&bytes), indexed_then_decoded(&bytes)) {
             prop_assert_eq!(lean, indexed);
         }
     }
@@ -235,9 +262,8 @@ proptest! {
             (Err(_), lean) => prop_assert!(lean.is_err()),
             (Ok(_), Err(_)) => {}
         }
-        match (decode_synchronize(cut), indexed_then_decoded(cut)) {
-            (Ok(lean), Ok(indexed)) => prop_assert_eq!(lean, indexed),
-            (lean, indexed) => prop_assert_eq!(lean.is_ok(), indexed.is_ok()),
+        if let (Ok(lean), Ok(indexed)) = (decode_synchronize(cut), indexed_then_decoded(cut)) {
+            prop_assert_eq!(lean, indexed);
         }
     }
 }
@@ -248,13 +274,13 @@ fn indexed_then_decoded(bytes: &[u8]) -> protobuf::Result<api::SynchronizeReques
     let indexed = index_synchronize(bytes)?;
     let mut pods = Vec::new();
     for (at, id) in &indexed.pods {
-        let p = decode_pod(&bytes[at.clone()]).expect("a located pod decodes");
+        let p = decode_pod(&bytes[at.clone()])?;
         assert_eq!(&p.id, id);
         pods.push(p);
     }
     let mut containers = Vec::new();
     for (at, pod) in &indexed.containers {
-        let c = decode_container(&bytes[at.clone()]).expect("a located container decodes");
+        let c = decode_container(&bytes[at.clone()])?;
         let last = pods.iter().rposition(|p| p.id == c.pod_sandbox_id);
         assert_eq!(*pod, last, "{c:?}");
         containers.push(c);
@@ -310,5 +336,65 @@ fn garbage_is_refused_with_a_reason() {
         let e = decode_synchronize(bytes).unwrap_err();
         assert!(!e.to_string().is_empty());
         assert!(index_synchronize(bytes).is_err());
+    }
+}
+
+/// Annotations from a pool of the keys the policy reads and keys it does
+/// not, with values it takes and values it refuses.
+fn annotations() -> impl Strategy<Value = HashMap<String, String>> {
+    let key = prop_oneof![
+        Just(MEMORY_REQUEST_ANNOTATION.to_string()),
+        Just(format!("{MEMORY_REQUEST_ANNOTATION_PREFIX}app")),
+        Just(format!("{MEMORY_REQUEST_ANNOTATION_PREFIX}other")),
+        Just(MEMORY_HIGH_ANNOTATION.to_string()),
+        Just(CONTAINER_TYPE_ANNOTATION.to_string()),
+        "[a-z./-]{1,30}",
+    ];
+    let value = prop_oneof![
+        Just("64Mi".to_string()),
+        Just("off".to_string()),
+        Just("sandbox".to_string()),
+        Just("container".to_string()),
+        "[a-zA-Z0-9]{0,6}",
+    ];
+    prop::collection::hash_map(key, value, 0..8)
+}
+
+proptest! {
+    /// The annotations the lean decode leaves out change no decision: the
+    /// policy reads only the ones it keeps.
+    #[test]
+    fn the_policy_decides_alike_without_the_annotations_left_out(
+        pod_annotations in annotations(),
+        container_annotations in annotations(),
+        limit in prop::option::of(1i64..(8 << 30)),
+        shares in 0u64..4096,
+    ) {
+        let mut req = request(&["p".to_string()], &HashMap::new(), 1, 2, false);
+        req.pods[0].annotations = pod_annotations;
+        req.pods[0].linux.mut_or_insert_default().cgroup_parent = "/kubepods/burstable/podp".into();
+        let c = &mut req.containers[0];
+        c.annotations = container_annotations;
+        c.name = "app".into();
+        let r = c.linux.mut_or_insert_default().resources.mut_or_insert_default();
+        r.memory.mut_or_insert_default().limit = limit
+            .map(|value| api::OptionalInt64 { value, ..Default::default() })
+            .into();
+        r.cpu.mut_or_insert_default().shares.mut_or_insert_default().value = shares;
+        let bytes = req.write_to_bytes().unwrap();
+        let full = api::SynchronizeRequest::parse_from_bytes(&bytes).unwrap();
+        let lean = decode_synchronize(&bytes).unwrap();
+        let node = NodeFacts {
+            memory_capacity: 16 << 30,
+            memory_allocatable: 15 << 30,
+            page_size: 4096,
+            cgroup_v2: true,
+        };
+        let decide = |r: &api::SynchronizeRequest| {
+            let pod = convert::pod_from_wire(&r.pods[0]);
+            let c = convert::container_from_wire(&r.containers[0]);
+            qos::decide(&pod, &c, &node, &Default::default())
+        };
+        prop_assert_eq!(decide(&lean), decide(&full));
     }
 }

@@ -62,15 +62,11 @@ impl Plugin for QosPlugin {
         ctx: &TtrpcContext,
         req: api::SynchronizeRequest,
     ) -> ttrpc::Result<api::SynchronizeResponse> {
-        let timeout = crate::nri::session::request_timeout(ctx);
-        let whole = lock(&self.sync).push(req, timeout, Instant::now());
-        let Some(whole) = whole else {
-            // Every chunk but the last must be answered with more=true and no
-            // updates, or the runtime drops the plugin.
-            return Ok(api::SynchronizeResponse {
-                more: true,
-                ..Default::default()
-            });
+        // The reassembler takes the message encoded, as it comes.
+        let message = protobuf::Message::write_to_bytes(&req);
+        let message = message.map_err(crate::nri::lean_sync::invalid_request)?;
+        let Some(whole) = self.push_sync(&message, ctx)? else {
+            return Ok(super::sync::more_to_come());
         };
         let update = self.finish_sync(whole);
         self.synchronized.send_replace(true);

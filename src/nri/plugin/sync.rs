@@ -3,10 +3,11 @@
 //!
 //! Pod by pod, each container is decided once: a pod's own protection sum
 //! (who protected its cgroup after a restart) needs only its containers,
-//! and only a pod the kubelet turns out to own is decided again. A
-//! Synchronize sent as one message keeps its bytes, and a pod's containers
-//! are decoded only for its turn: decoded whole, the request took ~1.5 KB
-//! of heap per container beside the new registry, the sync's peak.
+//! and only a pod the kubelet turns out to own is decided again. The
+//! reassembler holds the Synchronize as bytes of the fields we read, and a
+//! pod's containers are decoded only for its turn: decoded whole, the
+//! request took ~1.5 KB of heap per container beside the new registry,
+//! the sync's peak.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -16,8 +17,7 @@ use protobuf::Message;
 use super::record::{container_record, pod_record};
 use super::*;
 use crate::node::layout::{container_cgroup_dir_in, PodCgroups};
-use crate::nri::lean_sync;
-use crate::nri::reassembly::Snapshot;
+use crate::nri::lean_sync::{self, Object};
 use crate::nri::view::{self, add_protection, own_protection, whole_pages};
 
 /// One container of a pod being synchronized: its index among the pod's
@@ -27,64 +27,42 @@ type Decided = (usize, qos::ContainerFacts, qos::Decision, Instant);
 /// A pod's containers: each one's index in the order sent, and itself.
 type Members<'a> = [(usize, Cow<'a, api::Container>)];
 
-/// The pods and containers of a Synchronize: decoded (chunks reassembled),
-/// or the one message's bytes, each pod and container decoded when its
-/// pod's turn comes, so that the whole decoded request is never alive at
-/// once.
-pub(super) enum SyncSource {
-    Decoded(Snapshot),
-    Located {
-        bytes: Vec<u8>,
-        index: lean_sync::Indexed,
-    },
+/// The pods and containers of a Synchronize as the reassembler holds
+/// them, each decoded when its pod's turn comes, so that the whole decoded
+/// request is never alive at once.
+pub(super) struct SyncSource {
+    bytes: Vec<u8>,
+    index: lean_sync::Indexed,
 }
 
 impl SyncSource {
     fn pods(&self) -> usize {
-        match self {
-            Self::Decoded(s) => s.pods.len(),
-            Self::Located { index, .. } => index.pods.len(),
-        }
+        self.index.pods.len()
     }
 
     fn pod_id(&self, p: usize) -> &str {
-        match self {
-            Self::Decoded(s) => &s.pods[p].id,
-            Self::Located { index, .. } => &index.pods[p].1,
-        }
+        &self.index.pods[p].1
     }
 
     fn pod(&self, p: usize) -> Option<Cow<'_, api::PodSandbox>> {
-        match self {
-            Self::Decoded(s) => Some(Cow::Borrowed(&s.pods[p])),
-            Self::Located { bytes, index } => {
-                located(bytes, &index.pods[p].0, lean_sync::decode_pod)
-            }
-        }
+        located(&self.bytes, &self.index.pods[p].0, lean_sync::decode_pod)
     }
 
     fn containers(&self) -> usize {
-        match self {
-            Self::Decoded(s) => s.containers.len(),
-            Self::Located { index, .. } => index.containers.len(),
-        }
+        self.index.containers.len()
     }
 
     /// The id of the pod the `i`th container names.
     fn container_pod_id(&self, i: usize) -> Option<&str> {
-        match self {
-            Self::Decoded(s) => Some(&s.containers[i].pod_sandbox_id),
-            Self::Located { index, .. } => index.containers[i].1.map(|p| self.pod_id(p)),
-        }
+        self.index.containers[i].1.map(|p| self.pod_id(p))
     }
 
     fn container(&self, i: usize) -> Option<Cow<'_, api::Container>> {
-        match self {
-            Self::Decoded(s) => Some(Cow::Borrowed(&s.containers[i])),
-            Self::Located { bytes, index } => {
-                located(bytes, &index.containers[i].0, lean_sync::decode_container)
-            }
-        }
+        located(
+            &self.bytes,
+            &self.index.containers[i].0,
+            lean_sync::decode_container,
+        )
     }
 }
 
@@ -104,46 +82,99 @@ fn located<'a, T: Clone>(
 
 #[async_trait]
 impl lean_sync::SynchronizeEncoded for QosPlugin {
-    /// A Synchronize sent as one message is decided pod by pod from its
-    /// bytes; chunks are decoded and reassembled as before (holding every
-    /// chunk's bytes to the last would raise a chunked Synchronize's peak).
+    /// Every Synchronize, one message or chunks, goes to the reassembler
+    /// still encoded; its request's bytes are freed before the pods are
+    /// decided.
     async fn synchronize_encoded(
         &self,
         ctx: &TtrpcContext,
         payload: Vec<u8>,
     ) -> ttrpc::Result<Vec<u8>> {
-        let invalid = lean_sync::invalid_request;
-        let more = lean_sync::says_more(&payload).map_err(invalid)?;
-        if !more && lock(&self.sync).is_fresh() {
-            let indexed = lean_sync::index_synchronize(&payload).map_err(invalid)?;
-            let objects = indexed.pods.len() + indexed.containers.len();
-            let timeout = crate::nri::session::request_timeout(ctx);
-            let whole =
-                lock(&self.sync).take_whole(objects, payload.len(), more, timeout, Instant::now());
-            if let Some(answer_by) = whole {
-                let source = SyncSource::Located {
-                    bytes: payload,
-                    index: indexed,
-                };
-                let answer = self.sync_pods(source, 0, answer_by).into_response();
-                self.synchronized.send_replace(true);
-                return answer.map_err(lean_sync::not_encodable);
-            }
-        }
-        lean_sync::synchronize_decoded(self, ctx, payload).await
+        let whole = self.push_sync(&payload, ctx)?;
+        drop(payload);
+        let Some(whole) = whole else {
+            return more_to_come()
+                .write_to_bytes()
+                .map_err(lean_sync::not_encodable);
+        };
+        let answer = self.sync_whole(whole).into_response();
+        self.synchronized.send_replace(true);
+        answer.map_err(lean_sync::not_encodable)
     }
 }
 
+/// The answer to every chunk but the last: with more=true and no updates,
+/// or the runtime drops the plugin.
+pub(super) fn more_to_come() -> api::SynchronizeResponse {
+    api::SynchronizeResponse {
+        more: true,
+        ..Default::default()
+    }
+}
+
+/// What the plugin builds from one object of a Synchronize once it is
+/// whole, beside the object's own bytes (see [`crate::nri::reassembly`]):
+/// its registry record (the strings it copies, a map key among them), its
+/// slot in the index and the registry's table, and a container's update.
+/// Measured by `tests/wire_bounds.rs` against the process's peak.
+pub(crate) fn sync_cost(o: &Object) -> usize {
+    match o {
+        Object::Pod(p) => {
+            let cgroup_parent = p.linux.as_ref().map_or(0, |l| l.cgroup_parent.len());
+            POD_COST
+                + 3 * p.id.len()
+                + p.uid.len()
+                + p.namespace.len()
+                + p.name.len()
+                + cgroup_parent
+        }
+        Object::Container(c) => {
+            let path = c.linux.as_ref().map_or(0, |l| l.cgroups_path.len());
+            CONTAINER_COST + 2 * c.id.len() + c.pod_sandbox_id.len() + c.name.len() + path
+        }
+    }
+}
+
+/// The fixed part of [`sync_cost`] (allocation overheads included).
+const POD_COST: usize = 512;
+const CONTAINER_COST: usize = 640;
+
 impl QosPlugin {
-    /// [`Self::sync_pods`] of a reassembled Synchronize.
+    /// Hands one Synchronize message to the reassembler; the whole
+    /// Synchronize once its last chunk is in.
+    pub(super) fn push_sync(
+        &self,
+        message: &[u8],
+        ctx: &TtrpcContext,
+    ) -> ttrpc::Result<Option<Complete>> {
+        let timeout = crate::nri::session::request_timeout(ctx);
+        lock(&self.sync)
+            .push(message, timeout, Instant::now())
+            .map_err(lean_sync::invalid_request)
+    }
+
+    /// [`Self::sync_pods`] of a whole Synchronize, the updates as messages.
     pub(super) fn finish_sync(&self, whole: Complete) -> Vec<api::ContainerUpdate> {
+        self.sync_whole(whole).in_order_sent()
+    }
+
+    /// [`Self::sync_pods`] of a whole Synchronize.
+    fn sync_whole(&self, whole: Complete) -> EncodedUpdates {
         let Complete {
-            snapshot,
+            held,
             dropped,
             answer_by,
         } = whole;
-        let updates = self.sync_pods(SyncSource::Decoded(snapshot), dropped, answer_by);
-        updates.in_order_sent()
+        // Our own encoding: it always indexes.
+        let index = lean_sync::index_synchronize(&held.bytes).unwrap_or_else(|e| {
+            warn!(error = %e, "the Synchronize held did not index; answered empty");
+            lean_sync::Indexed::default()
+        });
+        let source = SyncSource {
+            bytes: held.bytes,
+            index,
+        };
+        self.sync_pods(source, dropped, answer_by)
     }
 
     /// Rebuilds the registry from a whole Synchronize and returns the
@@ -308,10 +339,11 @@ impl QosPlugin {
             updates = updates.spans.len(),
             "synchronized with the runtime"
         );
-        if dropped + skipped > 0 {
+        if dropped + skipped + updates.left_out > 0 {
             warn!(
                 dropped,
                 not_decided = skipped,
+                updates_left_out = updates.left_out,
                 "Synchronize was partial (see the reassembly bounds); the rest is handled as events arrive"
             );
         }
@@ -376,7 +408,7 @@ impl QosPlugin {
         })
     }
 
-    /// A running container whose memory.high the monitor's throttle guard
+    /// A running container whose memory.high the throttle guard
     /// raised keeps it until it restarts or is resized: a plugin restart
     /// must not throttle it again.
     fn keep_relaxed_high(&self, c: &api::Container, adjustment: &mut qos::Adjustment) {
@@ -404,12 +436,25 @@ struct EncodedUpdates {
     bytes: Vec<u8>,
     /// Each update's container index in the snapshot, and its bytes.
     spans: Vec<(usize, std::ops::Range<usize>)>,
+    /// Updates that did not fit in the answer.
+    left_out: usize,
 }
+
+/// Most bytes of updates one answer carries: the answer, with its ttrpc
+/// framing, is one ttrpc message (4 MiB), and a larger one would be an
+/// error the runtime drops the plugin for. A field's tag and length take
+/// at most 6 bytes beside each update.
+const ANSWER_BYTES: usize = ttrpc::proto::MESSAGE_LENGTH_MAX - 1024;
+const UPDATE_FRAMING: usize = 6;
 
 impl EncodedUpdates {
     fn push(&mut self, index: usize, update: &api::ContainerUpdate) {
         let start = self.bytes.len();
         match update.write_to_vec(&mut self.bytes) {
+            Ok(()) if self.bytes.len() + UPDATE_FRAMING * (self.spans.len() + 1) > ANSWER_BYTES => {
+                self.bytes.truncate(start);
+                self.left_out += 1;
+            }
             Ok(()) => self.spans.push((index, start..self.bytes.len())),
             Err(e) => {
                 self.bytes.truncate(start);
@@ -483,5 +528,87 @@ mod encoded_updates_tests {
             api::SynchronizeResponse::new().write_to_bytes().unwrap()
         );
         assert!(EncodedUpdates::default().in_order_sent().is_empty());
+    }
+
+    #[test]
+    fn the_answer_keeps_within_one_ttrpc_message() {
+        let mut encoded = EncodedUpdates::default();
+        let one = update(&"c".repeat(64), "123456789");
+        let size = usize::try_from(one.compute_size()).unwrap_or(usize::MAX);
+        let n = ttrpc::proto::MESSAGE_LENGTH_MAX / size;
+        for i in 0..n {
+            encoded.push(i, &one);
+        }
+        assert!(encoded.left_out > 0);
+        let kept = encoded.spans.len();
+        let answer = encoded.into_response().unwrap();
+        assert!(answer.len() <= ANSWER_BYTES, "{}", answer.len());
+        let decoded = api::SynchronizeResponse::parse_from_bytes(&answer).unwrap();
+        assert_eq!(decoded.update.len(), kept);
+    }
+}
+
+#[cfg(test)]
+mod sync_cost_tests {
+    use super::*;
+    use crate::nri::reassembly::SyncReassembler;
+
+    /// A pod and its container as containerd describes them to the plugin.
+    fn node_pod(i: usize) -> (api::PodSandbox, api::Container) {
+        let uid = format!("{i:08x}-1c2d-4e5f-8a9b-0c1d2e3f4a5b");
+        let parent = format!("/kubepods/burstable/pod{uid}");
+        let mut pod = api::PodSandbox {
+            id: format!("{i:064x}"),
+            name: format!("web-7d9f8c6b5-{i:05}"),
+            uid,
+            namespace: "default".into(),
+            ..Default::default()
+        };
+        pod.linux.mut_or_insert_default().cgroup_parent = parent.clone();
+        let mut c = api::Container {
+            id: format!("{:064x}", i + (1 << 40)),
+            pod_sandbox_id: pod.id.clone(),
+            name: "app".into(),
+            state: protobuf::EnumOrUnknown::new(api::ContainerState::CONTAINER_RUNNING),
+            ..Default::default()
+        };
+        c.annotations.insert(
+            crate::qos::policy::CONTAINER_TYPE_ANNOTATION.into(),
+            "container".into(),
+        );
+        let linux = c.linux.mut_or_insert_default();
+        linux.cgroups_path = format!("{parent}/{}", c.id);
+        let r = linux.resources.mut_or_insert_default();
+        r.memory
+            .mut_or_insert_default()
+            .limit
+            .mut_or_insert_default()
+            .value = 512 << 20;
+        let cpu = r.cpu.mut_or_insert_default();
+        cpu.shares.mut_or_insert_default().value = 256;
+        cpu.quota.mut_or_insert_default().value = 50_000;
+        cpu.period.mut_or_insert_default().value = 100_000;
+        (pod, c)
+    }
+
+    /// What the config file says a node takes of the budget.
+    #[test]
+    fn a_node_of_1000_pods_and_3000_containers_takes_about_5_5_mib() {
+        let mut req = api::SynchronizeRequest::new();
+        for i in 0..1_000 {
+            let (pod, c) = node_pod(i);
+            req.pods.push(pod);
+            for k in 0..3 {
+                let mut c = c.clone();
+                c.id = format!("{:064x}", i * 3 + k + (1 << 40));
+                req.containers.push(c);
+            }
+        }
+        req.more = true;
+        let bytes = req.write_to_bytes().unwrap();
+        let mut r = SyncReassembler::new(usize::MAX, sync_cost);
+        r.push(&bytes, None, Instant::now()).unwrap();
+        let mib = r.charged_bytes() as f64 / f64::from(1 << 20);
+        assert!((5.0..6.0).contains(&mib), "{mib:.2} MiB");
     }
 }

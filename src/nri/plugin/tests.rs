@@ -85,14 +85,11 @@ fn a_pod_the_kubelet_protected_before_its_sandbox_keeps_the_kubelets_values() {
     )
     .unwrap();
     let p2 = plugin(dir.path());
-    let updates = p2.finish_sync(Complete {
-        snapshot: super::super::reassembly::Snapshot {
-            pods: vec![kp, ours],
-            containers: vec![hidden_container("c1", "k"), hidden_container("c2", "n")],
-            ..Default::default()
-        },
+    let updates = p2.finish_sync(Complete::of(&super::super::reassembly::Snapshot {
+        pods: vec![kp, ours],
+        containers: vec![hidden_container("c1", "k"), hidden_container("c2", "n")],
         ..Default::default()
-    });
+    }));
     let reg = lock(&p2.registry);
     assert!(reg.containers["c1"].kubelet_memory_qos);
     assert!(!reg.containers["c2"].kubelet_memory_qos);
@@ -176,26 +173,20 @@ fn synchronize_decides_from_the_kernels_limits_after_a_resize_the_runtime_forgot
     assert_eq!(facts.cpu_period, Some(100_000));
 
     // containerd's report is current: the kernel is not consulted.
-    let containerd = p.finish_sync(Complete {
-        snapshot: super::super::reassembly::Snapshot {
-            pods: vec![pod.clone()],
-            containers: vec![c.clone()],
-            ..Default::default()
-        },
+    let containerd = p.finish_sync(Complete::of(&super::super::reassembly::Snapshot {
+        pods: vec![pod.clone()],
+        containers: vec![c.clone()],
         ..Default::default()
-    });
+    }));
     *lock(&p.runtime) = Some(RuntimeInfo {
         quirks: RuntimeQuirks::decide("cri-o", "1.37.0", "v0.12.0", true),
         ..Default::default()
     });
-    let updates = p.finish_sync(Complete {
-        snapshot: super::super::reassembly::Snapshot {
-            pods: vec![pod],
-            containers: vec![c.clone()],
-            ..Default::default()
-        },
+    let updates = p.finish_sync(Complete::of(&super::super::reassembly::Snapshot {
+        pods: vec![pod],
+        containers: vec![c.clone()],
         ..Default::default()
-    });
+    }));
     assert_eq!(updates.len(), 1, "{updates:?}");
     let high = |u: &api::ContainerUpdate| {
         u.linux.resources.as_ref().unwrap().unified["memory.high"].clone()
@@ -341,14 +332,11 @@ async fn a_started_container_holding_a_key_we_did_not_set_gives_its_pod_to_the_k
 
     // A restarted plugin comes to the same decision from Synchronize.
     let p2 = plugin(dir.path());
-    let updates = p2.finish_sync(Complete {
-        snapshot: super::super::reassembly::Snapshot {
-            pods: pods.clone(),
-            containers: containers.clone(),
-            ..Default::default()
-        },
+    let updates = p2.finish_sync(Complete::of(&super::super::reassembly::Snapshot {
+        pods: pods.clone(),
+        containers: containers.clone(),
         ..Default::default()
-    });
+    }));
     let reg = lock(&p2.registry);
     assert_eq!(reg.owners.keys().collect::<Vec<_>>(), [&pod_a]);
     assert!(reg.containers["c1"].kubelet_memory_qos && reg.containers["c2"].kubelet_memory_qos);
@@ -397,14 +385,11 @@ fn synchronize_answers_in_the_order_sent_and_a_pod_sent_twice_keeps_the_later_de
         .map(|id| hidden_container(id, &id[..1]))
         .collect();
     containers.push(hidden_container("x", "unknown"));
-    let updates = p.finish_sync(Complete {
-        snapshot: super::super::reassembly::Snapshot {
-            pods: vec![a, b, c, a_later, c_later],
-            containers,
-            ..Default::default()
-        },
+    let updates = p.finish_sync(Complete::of(&super::super::reassembly::Snapshot {
+        pods: vec![a, b, c, a_later, c_later],
+        containers,
         ..Default::default()
-    });
+    }));
     let ids: Vec<&str> = updates.iter().map(|u| u.container_id.as_str()).collect();
     assert_eq!(ids, sent);
     let reg = lock(&p.registry);
@@ -444,14 +429,11 @@ fn kubelet_pods_after_sync_from(
         quirks: RuntimeQuirks::decide(name, version, "", true),
         ..Default::default()
     });
-    p.finish_sync(Complete {
-        snapshot: super::super::reassembly::Snapshot {
-            pods,
-            containers,
-            ..Default::default()
-        },
+    p.finish_sync(Complete::of(&super::super::reassembly::Snapshot {
+        pods,
+        containers,
         ..Default::default()
-    });
+    }));
     let reg = lock(&p.registry);
     let mut owned: Vec<_> = reg.owners.keys().cloned().collect();
     owned.sort();

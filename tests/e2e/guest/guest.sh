@@ -712,6 +712,208 @@ memoryqos_restart() {
     fi
 }
 
+# guarded: a default install is guarded. nri-qos is started each way the
+# install docs give, from the shipped files: pre-launched (binary and
+# config/nri/10-nri-qos.conf) without /etc/nri-qos/nri-qos.toml and with
+# config/nri-qos.toml; the DaemonSet's command line with its ConfigMap's
+# nri-qos.toml and its host mounts; the systemd unit's ExecStart with
+# config/nri-qos.toml (as the guest's process: the guest has no systemd). For
+# each, the pod gd-N's container ref churns 240 MiB unthrottled (no limit,
+# so memory.high near allocatable) for 12 s, then its container app does at
+# the memory.high nri-qos sets (limit 256Mi): the guard must relax it within
+# its grace period + 1 s of detecting it (from the plugin's log) and the
+# allocator's rate must recover to >= 0.7x ref's.
+GD_GRACE_MS=10000
+
+# ms of a log line: a journal-sink line's receive time (epoch ms), else the
+# RFC 3339 timestamp's time of day (text and json formats).
+gd_ms() {
+    echo "$1" | awk '
+        /^[0-9]+ / { print $1; exit }
+        match($0, /[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]T[0-9][0-9]:[0-9][0-9]:[0-9][0-9](\.[0-9]+)?/) {
+            split(substr($0, RSTART + 11, RLENGTH - 11), t, ":")
+            printf "%d\n", (t[1] * 3600 + t[2] * 60 + t[3]) * 1000
+        }'
+}
+
+# The median of the numbers on stdin (0 when none).
+gd_median() { sort -n | awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : 0) }'; }
+
+# The allocator's MiB/s lines of container $1 of pod gd-$2 with epoch ms
+# in [$3, $4).
+gd_rates() {
+    cat /var/log/pods/default_gd-"$2"_99999999-00c"$2"-4999-8999-999999999990/"$1"/0.log 2>/dev/null |
+        awk -v from="$3" -v to="$4" '$4 == "churn" && $6 ~ /^[0-9.]+$/ && $5 >= from && $5 < to { print $6 }'
+}
+
+# Lines of log $1 saying the plugin was synchronized (0 without a log).
+gd_synced() {
+    n="$(grep -ac 'synchronized with the runtime' "$1" 2>/dev/null)"
+    echo "${n:-0}"
+}
+
+# Waits (at most 60 s) until log $1 holds more than $2 such lines.
+gd_wait_synced() {
+    i=0
+    while [ "$(gd_synced "$1")" -le "$2" ] && [ $i -lt 300 ]; do
+        sleep 0.2
+        i=$((i + 1))
+    done
+    [ "$(gd_synced "$1")" -gt "$2" ]
+}
+
+# Configuration $1 (number $2), the plugin logging to $3: the pod, the wait
+# for the relax, the checks; its app is killed once measured (every pod is
+# removed at the end of the scenario).
+gd_measure() {
+    label=$1 n=$2 log=$3
+    pod=99999999-00c$n-4999-8999-999999999990
+    sed "s/@N@/$n/g" /e2e/scenarios/guarded.json >/e2e/scenarios/guarded-$n.json
+    if ! /e2e/bin/cri-client run /e2e/scenarios/guarded-$n.json --keep >/tmp/gd-$n.out 2>&1; then
+        check "guarded.$label.pods" FAIL "$(grep 'FAIL' /tmp/gd-$n.out | head -n 3 | tr '\n' ';')"
+        rc=1
+        return
+    fi
+    started=$(date +%s)
+    cg=""
+    for d in /sys/fs/cgroup/kubepods/burstable/pod$pod/*/; do
+        [ "$(cat "$d/memory.max" 2>/dev/null)" = 268435456 ] && cg=${d%/}
+    done
+    high_before="$(cat "$cg/memory.high" 2>/dev/null)"
+    relaxed_at=""
+    while [ -n "$cg" ] && [ $(($(date +%s) - started)) -lt 60 ]; do
+        if [ "$(cat "$cg/memory.high")" = "$(cat "$cg/memory.max")" ]; then
+            relaxed_at=$(date +%s)
+            break
+        fi
+        sleep 0.2
+    done
+    # The rate after the relax, from 2 s on (the kernel's penalty sleeps end),
+    # over 12 s: under emulation on a shared host single seconds vary 5x.
+    [ -z "$relaxed_at" ] || sleep 14
+    high_events="$(awk '$1 == "high" { print $2 }' "$cg/memory.events" 2>/dev/null)"
+    high_after="$(cat "$cg/memory.high" 2>/dev/null)"
+    echo 1 >"$cg/cgroup.kill" 2>/dev/null
+    grep -a "$pod" "$log" | grep -aE 'throttle|relax' | head -n 4 | cut -c1-300 | sed "s/^/E2E-INFO guarded $label: /"
+    detect="$(grep -a "$pod" "$log" | grep -a 'grace period starts' | head -n 1)"
+    relax="$(grep -a "$pod" "$log" | grep -a 'throttle decision' | grep -aiE 'action"?[=:]"?relax([" ,]|$)' | head -n 1)"
+    ref_rates="$(gd_rates ref "$n" 0 99999999999999 | tail -n +3)"
+    ref_rate="$(echo "$ref_rates" | gd_median)"
+    thr_rate="$(gd_rates app "$n" 0 "${relaxed_at:-99999999999}000" | tail -n +2 | gd_median)"
+    after_rates="$(gd_rates app "$n" "$((${relaxed_at:-99999999999} + 2))000" 99999999999999)"
+    after_rate="$(echo "$after_rates" | gd_median)"
+    info "guarded $label: MiB/s unthrottled: $(echo $ref_rates); after the relax: $(echo $after_rates)"
+    # Detection to relax by the guard's own clock (its relax line's
+    # under_throttle_ms); the log lines' timestamps also hold the time each
+    # look spent reading before it logged.
+    latency="$(echo "$relax" | grep -aioE 'under_throttle_ms"?[=:]"?[0-9]+' | grep -oE '[0-9]+$')"
+    stamps=""
+    [ -n "$detect" ] && [ -n "$relax" ] && stamps=$(($(gd_ms "$relax") - $(gd_ms "$detect")))
+    if [ -n "$relaxed_at" ] && [ -n "$latency" ] && [ "$latency" -le $((GD_GRACE_MS + 1000)) ]; then
+        check "guarded.$label.relaxed" PASS "detect->relax ${latency} ms by the guard's clock, ${stamps:-?} ms between its log lines (grace ${GD_GRACE_MS} ms + 1 s); memory.high $high_before -> $high_after $((relaxed_at - started)) s after app started; high events $high_events"
+    else
+        check "guarded.$label.relaxed" FAIL "relaxed_at=${relaxed_at:-never} detect->relax=${latency:-?} ms (log lines ${stamps:-?} ms); detect: ${detect:-none}; relax: ${relax:-none}"
+        rc=1
+    fi
+    ratio="$(awk -v a="$after_rate" -v r="$ref_rate" 'BEGIN { x = 0; if (r > 0) x = a / r; printf "%.2f", x }')"
+    if awk -v x="$ratio" 'BEGIN { exit !(x >= 0.7) }'; then
+        check "guarded.$label.rate" PASS "after relax ${after_rate} MiB/s = ${ratio}x the unthrottled ${ref_rate} MiB/s (throttled: ${thr_rate} MiB/s)"
+    else
+        check "guarded.$label.rate" FAIL "after relax ${after_rate:-?} MiB/s = ${ratio}x the unthrottled ${ref_rate:-?} MiB/s (throttled: ${thr_rate:-?} MiB/s)"
+        rc=1
+    fi
+    echo "E2E-TIMING {\"label\":\"guarded-$label\",\"detect_to_relax_ms\":${latency:-null},\"log_lines_ms\":${stamps:-null},\"reference_mib_s\":${ref_rate:-0},\"throttled_mib_s\":${thr_rate:-0},\"relaxed_mib_s\":${after_rate:-0},\"ratio\":$ratio}"
+}
+
+# Pre-launched, $1 (number $2): containerd restarted launches the plugin,
+# which logs to the journal.
+gd_prelaunched() {
+    before="$(gd_synced /var/log/journal.log)"
+    restart_containerd
+    if gd_wait_synced /var/log/journal.log "$before" && pid_of /opt/nri/plugins/10-nri-qos >/dev/null; then
+        info "guarded: pre-launched ($1) synchronized"
+        gd_measure "$1" "$2" /var/log/journal.log
+    else
+        check "guarded.$1.started" FAIL "no synchronized pre-launched plugin; containerd: $(grep -a 'nri\|NRI' "$RUNTIME_LOG" | tail -n 4 | cut -c1-160 | tr '\n' ' ')"
+        tail -n 8 /var/log/journal.log | cut -c1-400 | sed 's/^/E2E-INFO guarded journal: /'
+        if pid="$(pid_of /opt/nri/plugins/10-nri-qos)"; then
+            for t in /proc/"$pid"/task/*; do
+                info "guarded: plugin thread $(cat "$t/comm") state $(cut -d' ' -f3 "$t/stat") wchan $(cat "$t/wchan")"
+            done
+        fi
+        rc=1
+    fi
+}
+
+# External, $1 (number $2): the command line $3, logging to stderr ($1's
+# log file), as the kubelet or systemd would collect it.
+gd_external() {
+    log=/var/log/nri-qos-$1.log
+    # shellcheck disable=SC2086
+    env NODE_NAME=e2e-node $3 2>"$log" &
+    pid=$!
+    if gd_wait_synced "$log" 0; then
+        info "guarded: $1 ($3) synchronized as pid $pid"
+        gd_measure "$1" "$2" "$log"
+    else
+        check "guarded.$1.started" FAIL "$3: $(tail -n 3 "$log" | tr '\n' ' ' | cut -c1-300)"
+        rc=1
+    fi
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+}
+
+guarded_default() {
+    cp /etc/nri-qos/nri-qos.toml /tmp/nri-qos.harness.toml
+    mkdir -p /usr/local/bin /etc/nri/conf.d
+    cp /e2e/bin/nri-qos /usr/local/bin/nri-qos
+    cp /e2e/config/nri/10-nri-qos.conf /etc/nri/conf.d/10-nri-qos.conf
+    /e2e/bin/journal-sink /run/systemd/journal/socket /var/log/journal.log &
+    sink=$!
+    rm -f /etc/nri-qos/nri-qos.toml
+    gd_prelaunched prelaunched-no-config 1
+    cp /e2e/config/nri-qos.toml /etc/nri-qos/nri-qos.toml
+    gd_prelaunched prelaunched-shipped-config 2
+    # memory.high without a guard: the pre-launched plugin refuses to start,
+    # says why in the journal, and the runtime carries on without it.
+    printf '[throttle]\nenabled = false\n' >/etc/nri-qos/nri-qos.toml
+    restart_containerd
+    i=0
+    while ! grep -aq 'refuses to start' /var/log/journal.log && [ $i -lt 150 ]; do sleep 0.2; i=$((i + 1)); done
+    line="$(grep -a 'refuses to start' /var/log/journal.log | tail -n 1 | cut -c1-400)"
+    sleep 1
+    if [ -n "$line" ] && echo "$line" | grep -q 'throttle.enabled = false' && ! pid_of /opt/nri/plugins/10-nri-qos >/dev/null; then
+        check guarded.refusal_in_the_journal PASS "$line; containerd: $(grep -a '10-nri-qos' "$RUNTIME_LOG" | tail -n 1 | cut -c1-200)"
+    else
+        check guarded.refusal_in_the_journal FAIL "journal: ${line:-none}; plugin pid: $(pid_of /opt/nri/plugins/10-nri-qos || echo none)"
+        rc=1
+    fi
+    kill "$sink"
+    rm -f /run/systemd/journal/socket
+    ds=/e2e/config/kubernetes/daemonset.yaml
+    # The ConfigMap's nri-qos.toml, mounted at /etc/nri-qos in the pod.
+    awk '/^  nri-qos.toml: \|/ { on = 1; next } on && /^    / { sub(/^    /, ""); print; next } on && /^$/ { print; next } on { exit }' "$ds" >/etc/nri-qos/nri-qos.toml
+    mkdir -p /host/sys/fs/cgroup /host/proc
+    mount --bind /sys/fs/cgroup /host/sys/fs/cgroup
+    mount -t proc proc /host/proc
+    # The container's command and args (the liveness probe's command follows).
+    cmd="$(sed -n 's/^ *command: \[\(.*\)\]$/\1/p' "$ds" | head -n 1 | tr -d '",') $(sed -n 's/^ *args: \[\(.*\)\]$/\1/p' "$ds" | head -n 1 | tr -d '",')"
+    gd_external daemonset 3 "$cmd"
+    umount /host/proc /host/sys/fs/cgroup
+    cp /e2e/config/nri-qos.toml /etc/nri-qos/nri-qos.toml
+    gd_external systemd-unit 4 "$(sed -n 's/^ExecStart=//p' /e2e/config/systemd/nri-qos.service)"
+    # Back to the harness's pre-launched plugin for what follows.
+    /e2e/bin/cri-client cleanup >/dev/null 2>&1 || rc=1
+    cp /tmp/nri-qos.harness.toml /etc/nri-qos/nri-qos.toml
+    rm -f /etc/nri/conf.d/10-nri-qos.conf /e2e/scenarios/guarded-[0-9].json
+    if relaunch_plugin 'synchronized with the runtime' ""; then
+        check guarded.harness_plugin_back PASS "pid $new synchronized after $waited_s s"
+    else
+        check guarded.harness_plugin_back FAIL "new pid ${new:-none}"
+        rc=1
+    fi
+}
+
 # shellcheck source=tests/e2e/guest/runtimes.sh
 . /e2e/runtimes.sh
 # shellcheck source=tests/e2e/guest/swap.sh
@@ -723,6 +925,11 @@ for s in $E2E_SCENARIOS; do
     *@*) [ "${s#*@}" = "$E2E_CONTAINERD" ] || continue; s="${s%@*}" ;;
     esac
     info "scenario $s: start"
+    if [ "$s" = guarded ]; then
+        guarded_default
+        info "scenario $s: end"
+        continue
+    fi
     opens_start "$s"
     scenario_pids="$(pid_of /opt/nri/plugins/10-nri-qos) $plugin_pid"
     wants_swap "$s" && swap_on

@@ -1,11 +1,13 @@
-//! The I/O of acting: `memory.reclaim`, a temporary `memory.high`, and
-//! killing a whole pod cgroup (`cgroup.kill`, else SIGKILL per pid) followed
-//! by `process_mrelease`. Process syscalls sit behind [`ProcessOps`] so tests
-//! on a fake tree never signal a real pid.
+//! The I/O of killing a whole pod cgroup: `cgroup.kill`, else SIGKILL per
+//! pid, followed by `process_mrelease`; and what the kill path checks on a
+//! pod first (populated, only its sandbox left, node-critical). Process
+//! syscalls sit behind [`ProcessOps`] so tests on a fake tree never signal
+//! a real pid.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
@@ -21,25 +23,6 @@ fn os_error(e: &WriteError) -> Option<i32> {
 fn not_found(e: &WriteError) -> bool {
     let WriteError::Write { source, .. } = e;
     source.kind() == io::ErrorKind::NotFound
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReclaimOutcome {
-    Done,
-    /// -EAGAIN: the kernel reclaimed less than asked. Normal.
-    Partial,
-    /// No memory.reclaim (kernel < 5.19).
-    Unsupported,
-}
-
-/// Asks the kernel to reclaim `bytes` from the cgroup at `cg`.
-pub fn reclaim(cg: &Path, bytes: u64) -> Result<ReclaimOutcome, WriteError> {
-    match write_file(&cg.join("memory.reclaim"), &bytes.to_string()) {
-        Ok(()) => Ok(ReclaimOutcome::Done),
-        Err(e) if os_error(&e) == Some(libc::EAGAIN) => Ok(ReclaimOutcome::Partial),
-        Err(e) if not_found(&e) => Ok(ReclaimOutcome::Unsupported),
-        Err(e) => Err(e),
-    }
 }
 
 /// Process syscalls used by a kill.
@@ -105,20 +88,48 @@ impl ProcessOps for Syscalls {
 pub const MAX_PIDS: usize = 4096;
 const MAX_DEPTH: usize = 4;
 
-/// All pids in the cgroup subtree at `cg`, at most `MAX_PIDS`.
-pub fn subtree_pids(cg: &Path) -> Vec<i32> {
-    let mut out = Vec::new();
+/// The processes of a cgroup subtree as `cgroup.procs` lists them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubtreePids {
+    /// Pids in our pid namespace, at most [`MAX_PIDS`].
+    pub pids: Vec<i32>,
+    /// Processes listed as 0: they are outside our pid namespace (a
+    /// container without the host's), so no pid of theirs can be used.
+    pub outside: usize,
+}
+
+/// All processes in the cgroup subtree at `cg`.
+pub fn subtree(cg: &Path) -> SubtreePids {
+    let mut out = SubtreePids::default();
     collect_pids(cg, 0, &mut out);
+    if out.outside > 0 {
+        warn_outside_once();
+    }
     out
 }
 
-fn collect_pids(cg: &Path, depth: usize, out: &mut Vec<i32>) {
-    if depth > MAX_DEPTH || out.len() >= MAX_PIDS {
+/// All pids in the cgroup subtree at `cg` that we can use, at most `MAX_PIDS`.
+pub fn subtree_pids(cg: &Path) -> Vec<i32> {
+    subtree(cg).pids
+}
+
+fn collect_pids(cg: &Path, depth: usize, out: &mut SubtreePids) {
+    if depth > MAX_DEPTH || out.pids.len() >= MAX_PIDS {
         return;
     }
     let procs = cg.join("cgroup.procs");
-    match stat::read(&procs).and_then(|t| stat::parse_pids(&procs, &t, MAX_PIDS - out.len())) {
-        Ok(p) => out.extend(p),
+    match stat::read(&procs) {
+        // Each process in the reader's pid namespace, 0 for one outside it.
+        Ok(text) => {
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                match line.parse::<i32>() {
+                    Ok(0) => out.outside += 1,
+                    Ok(pid) if pid > 0 && out.pids.len() < MAX_PIDS => out.pids.push(pid),
+                    Ok(_) => {}
+                    Err(_) => tracing::debug!(path = %procs.display(), line, "not a pid"),
+                }
+            }
+        }
         Err(e) if e.is_not_found() => {}
         Err(e) => tracing::debug!(error = %e, "cannot read pids"),
     }
@@ -128,6 +139,20 @@ fn collect_pids(cg: &Path, depth: usize, out: &mut Vec<i32>) {
                 collect_pids(&e.path(), depth + 1, out);
             }
         }
+    }
+}
+
+/// Said once per process: without the host's pid namespace the kill path
+/// cannot tell a sandbox-only pod, release a victim's memory, or SIGKILL
+/// per pid on kernels without `cgroup.kill`.
+fn warn_outside_once() {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "cgroup.procs lists processes outside this pid namespace (0): run nri-qos in the host's pid namespace \
+             (DaemonSet: hostPID: true); until then no pod is known to hold only its sandbox, \
+             process_mrelease and the per-pid kill fallback find no pid"
+        );
     }
 }
 
@@ -144,12 +169,38 @@ pub fn populated(cg: &Path) -> bool {
 /// True when every process left in the pod is the sandbox (`pause`), so
 /// killing the pod would free nothing worth a kill. Vacuously true when empty.
 pub fn pause_only(pod: &Path, proc_root: &Path) -> bool {
-    subtree_pids(pod).into_iter().take(64).all(|pid| {
-        std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
-            .map(|c| c.trim() == "pause")
-            // A process we cannot inspect (just exited, or hidden) is not
-            // proof of a pause-only pod.
-            .unwrap_or(false)
+    let procs = subtree(pod);
+    // A process we cannot see or inspect (just exited, or hidden) is not
+    // proof of a pause-only pod.
+    procs.outside == 0
+        && procs
+            .pids
+            .into_iter()
+            .take(64)
+            .all(|pid| comm(proc_root, pid).is_some_and(|c| c == "pause"))
+}
+
+fn comm(proc_root: &Path, pid: i32) -> Option<String> {
+    std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
+        .ok()
+        .map(|c| c.trim().to_string())
+}
+
+/// The kubelet's `oom_score_adj` for the containers of a node-critical pod
+/// (priority class `system-node-critical`), the same as a Guaranteed pod's.
+/// A Burstable container gets 3..=999 otherwise, so on a Burstable pod
+/// this value says "node-critical" without the API server.
+pub const NODE_CRITICAL_OOM_SCORE_ADJ: i32 = -997;
+
+/// True when a process of the pod other than its sandbox holds
+/// [`NODE_CRITICAL_OOM_SCORE_ADJ`]. Meaningful for Burstable pods only.
+pub fn holds_node_critical_score(pod: &Path, proc_root: &Path) -> bool {
+    subtree(pod).pids.into_iter().take(64).any(|pid| {
+        comm(proc_root, pid).is_some_and(|c| c != "pause")
+            && std::fs::read_to_string(proc_root.join(pid.to_string()).join("oom_score_adj"))
+                .ok()
+                .and_then(|v| v.trim().parse::<i32>().ok())
+                == Some(NODE_CRITICAL_OOM_SCORE_ADJ)
     })
 }
 
@@ -362,18 +413,8 @@ mod tests {
     }
 
     #[test]
-    fn pressure_reclaim_outcomes_and_populated() {
+    fn pressure_populated_from_cgroup_events() {
         let d = tempfile::tempdir().unwrap();
-        assert_eq!(
-            reclaim(d.path(), 4096).unwrap(),
-            ReclaimOutcome::Unsupported
-        );
-        fs::write(d.path().join("memory.reclaim"), "").unwrap();
-        assert_eq!(reclaim(d.path(), 4096).unwrap(), ReclaimOutcome::Done);
-        assert_eq!(
-            fs::read_to_string(d.path().join("memory.reclaim")).unwrap(),
-            "4096"
-        );
         assert!(!populated(d.path()));
         fs::write(d.path().join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
         assert!(populated(d.path()));
@@ -393,5 +434,47 @@ mod tests {
         // An uninspectable pid is not proof.
         fs::write(d.path().join("c1/cgroup.procs"), "101\n999\n").unwrap();
         assert!(!pause_only(d.path(), proc_root.path()));
+    }
+
+    /// Read from a pid namespace that is not the host's, cgroup.procs
+    /// lists 0 for every process outside it: nothing is proof of a
+    /// sandbox-only pod, and no 0 is ever signalled.
+    #[test]
+    fn pids_outside_our_namespace_prove_nothing() {
+        let d = pod_dir();
+        fs::write(d.path().join("c1/cgroup.procs"), "0\n0\n").unwrap();
+        let proc_root = tempfile::tempdir().unwrap();
+        assert_eq!(
+            subtree(d.path()),
+            SubtreePids {
+                pids: vec![],
+                outside: 2
+            }
+        );
+        assert!(!pause_only(d.path(), proc_root.path()));
+        let ops = FakeOps::default();
+        let r = kill_pod(d.path(), &ops, true).unwrap();
+        assert_eq!(r.method, KillMethod::Sigkill { passes: 1 });
+        assert!(ops.killed.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn node_critical_burstable_is_told_by_its_oom_score_adj() {
+        let d = pod_dir();
+        let proc_root = tempfile::tempdir().unwrap();
+        let proc = |pid: i32, comm: &str, adj: i32| {
+            let dir = proc_root.path().join(pid.to_string());
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+            fs::write(dir.join("oom_score_adj"), format!("{adj}\n")).unwrap();
+        };
+        // The sandbox's -998 and an ordinary Burstable score say nothing.
+        proc(101, "pause", -998);
+        proc(102, "calico-node", 935);
+        assert!(!holds_node_critical_score(d.path(), proc_root.path()));
+        proc(102, "calico-node", NODE_CRITICAL_OOM_SCORE_ADJ);
+        assert!(holds_node_critical_score(d.path(), proc_root.path()));
+        proc(102, "pause", NODE_CRITICAL_OOM_SCORE_ADJ);
+        assert!(!holds_node_critical_score(d.path(), proc_root.path()));
     }
 }

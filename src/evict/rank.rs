@@ -8,7 +8,7 @@ use std::cmp::{Ordering, Reverse};
 use std::path::PathBuf;
 
 use crate::node::registry::RequestSource;
-use crate::qos::QosClass;
+use crate::node::QosClass;
 
 /// One pod as the ranking sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +126,18 @@ pub fn compare(a: &Candidate, b: &Candidate) -> Ordering {
         )
     };
     key(a).cmp(&key(b)).then_with(|| a.uid.cmp(&b.uid))
+}
+
+/// The top five of a ranking, for log lines.
+pub fn brief(cands: &[Candidate], ranking: &Ranking) -> String {
+    ranking
+        .order
+        .iter()
+        .take(5)
+        .enumerate()
+        .map(|(n, &i)| format!("#{} {}", n + 1, cands[i].brief()))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 pub fn rank(cands: &[Candidate], policy: &RankPolicy) -> Ranking {

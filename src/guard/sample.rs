@@ -4,14 +4,14 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::super::psi;
 use crate::node::cgroupfs as stat;
 use crate::node::layout::{container_id, Driver};
-use crate::qos::QosClass;
+use crate::node::psi;
+use crate::node::QosClass;
 
 /// `memory.events` counters of one cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counters {
+pub struct EventCounts {
     pub high: u64,
     pub max: u64,
 }
@@ -26,7 +26,7 @@ pub struct Sample {
     pub pod_uid: String,
     pub pod_path: PathBuf,
     pub class: QosClass,
-    pub counters: Counters,
+    pub counters: EventCounts,
     pub psi_some_avg10: f64,
     /// memory.high; `None` = "max".
     pub high: Option<u64>,
@@ -57,9 +57,9 @@ pub fn qos_parent(kubepods: &Path, driver: Driver, class: QosClass) -> Option<Pa
 /// `high` and `max` of a cgroup's `memory.events` (hierarchical: a pod's or
 /// QoS parent's counters move whenever any container below them hits its
 /// memory.high or memory.max).
-pub fn read_counters(cg: &Path) -> Option<Counters> {
+pub fn read_counters(cg: &Path) -> Option<EventCounts> {
     let m = stat::read_flat_keyed(&cg.join("memory.events")).ok()?;
-    Some(Counters {
+    Some(EventCounts {
         high: m.get("high").copied().unwrap_or(0),
         max: m.get("max").copied().unwrap_or(0),
     })
@@ -115,7 +115,7 @@ pub fn containers_of(pod: &Path) -> Vec<PathBuf> {
 /// The cheap filter: what a parent cgroup looked like at the last pass.
 #[derive(Debug, Default, Clone)]
 pub struct Filter {
-    seen: HashMap<PathBuf, Counters>,
+    seen: HashMap<PathBuf, EventCounts>,
 }
 
 impl Filter {
