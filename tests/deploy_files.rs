@@ -372,11 +372,14 @@ fn daemonset_manifests() {
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
     );
-    assert_ne!(
+    // A node agent must not depend on the pod network it sets the QoS of
+    // (the CNI plugin's pods among them); its one listener is loopback.
+    assert_eq!(
         pod.host_network,
         Some(true),
-        "nothing listens beyond localhost"
+        "independent of the pod network"
     );
+    assert!(cfg.metrics.address.ip().is_loopback());
     assert_eq!(
         pod.host_pid,
         Some(true),
@@ -392,9 +395,16 @@ fn daemonset_manifests() {
 
     assert_eq!(pod.containers.len(), 1);
     let c = &pod.containers[0];
+    // Memory bounded (request == limit); CPU requested, never limited (a
+    // limit throttles the plugin's start and the monitor under load); the
+    // kubelet still gives a system-node-critical pod oom_score_adj -997.
     let res = c.resources.as_ref().expect("resources");
-    assert!(res.requests.is_some());
-    assert_eq!(res.requests, res.limits, "requests == limits (Guaranteed)");
+    let (req, lim) = (
+        res.requests.clone().expect("requests"),
+        res.limits.clone().expect("limits"),
+    );
+    assert_eq!(req.get("memory"), lim.get("memory"));
+    assert!(req.contains_key("cpu") && !lim.contains_key("cpu"));
 
     // NODE_NAME from the downward API names the node whose pods we watch.
     let node_name = c
@@ -514,20 +524,45 @@ fn operations_doc_lists_every_variable_and_metric() {
 
 #[test]
 fn image_puts_the_binary_where_the_daemonset_runs_it() {
-    let dockerfile = read("config/kubernetes/Dockerfile");
     let Manifests { ds, .. } = manifests();
     let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
     let bin = pod.containers[0].command.clone().expect("command")[0].clone();
+    // Both image builds lay the filesystem with scripts/image-rootfs.sh.
+    let rootfs = read("scripts/image-rootfs.sh");
     assert!(
-        dockerfile
-            .lines()
-            .any(|l| l.starts_with("COPY --from=build") && l.ends_with(&format!(" {bin}"))),
-        "Dockerfile does not install {bin}"
+        rootfs.contains(&format!("\"$root{bin}\"")),
+        "scripts/image-rootfs.sh does not install {bin}"
     );
+    let dockerfile = read("config/kubernetes/Dockerfile");
+    assert!(dockerfile.contains("scripts/image-rootfs.sh target/release/nri-qos /rootfs"));
+    assert!(dockerfile.contains("COPY --from=build /rootfs/ /"));
     assert!(
         dockerfile.contains("--locked"),
         "reproducible: build with Cargo.lock"
     );
+    assert!(read("scripts/build-image.sh").contains("cargo build --release --locked --bin nri-qos"));
+}
+
+/// kustomization.yaml is the one place the image is named: the DaemonSet's
+/// placeholder is its `name`, and the tag is the crate's version.
+#[test]
+fn kustomization_names_the_image() {
+    let kust: serde_json::Value =
+        serde_norway::from_str(&read("config/kubernetes/kustomization.yaml")).unwrap();
+    assert_eq!(kust["resources"], serde_json::json!(["daemonset.yaml"]));
+    let images = kust["images"].as_array().expect("images");
+    assert_eq!(images.len(), 1);
+    let Manifests { ds, .. } = manifests();
+    let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        images[0]["name"].as_str(),
+        "the DaemonSet's image is the kustomization's placeholder"
+    );
+    assert_eq!(images[0]["newTag"], env!("CARGO_PKG_VERSION"));
+    assert!(images[0]["newName"]
+        .as_str()
+        .is_some_and(|n| n.contains('/')));
 }
 
 /// The example Pods users feed `nri-qos explain`, and the ones the VM tests
@@ -537,7 +572,11 @@ fn image_puts_the_binary_where_the_daemonset_runs_it() {
 fn example_and_e2e_manifests_are_kubernetes_pods() {
     use k8s_openapi::api::core::v1::Pod;
     let mut n = 0;
-    for dir in ["config/examples", "tests/e2e/scenarios/pods"] {
+    for dir in [
+        "config/examples",
+        "tests/e2e/scenarios/pods",
+        "tests/e2e/kube/pods",
+    ] {
         for entry in std::fs::read_dir(path(dir)).unwrap() {
             let file = entry.unwrap().path();
             if file.extension().is_none_or(|e| e != "yaml") {

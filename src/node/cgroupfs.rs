@@ -328,13 +328,15 @@ impl Owner {
 
 /// A container the throttle guard relaxed, judged from the tree
 /// alone (so it holds across a restart of the plugin): its memory.high
-/// (`high`, as in the file) is its memory.max or `max`, while the policy
-/// wants `wanted`, a lower value. The policy leaves it so until the
-/// container restarts or is resized, and `audit` shows it instead of
-/// reporting drift.
+/// (`high`, as in the file) is its memory.max, which the guard raises it to
+/// (`max` when it has no limit), while the policy wants `wanted`, a lower
+/// value. The policy leaves it so until the container restarts or is
+/// resized, and `audit` shows it instead of reporting drift. A `max` under
+/// a finite memory.max is not the guard's: it is a container created while
+/// no plugin was connected, which a Synchronize brings in line.
 pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
     let (wanted, high, max) = (wanted.trim(), high.trim(), max.trim());
-    wanted != high && wanted != "max" && (high == max || high == "max")
+    wanted != high && wanted != "max" && high == max
 }
 
 /// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
@@ -419,6 +421,9 @@ mod tests {
         // or someone set another value.
         assert!(!is_relaxed("max", "max", "max"));
         assert!(!is_relaxed("247463936", "250000000", "268435456"));
+        // Never set (created while the plugin was away): the guard would
+        // have written the limit, not `max`.
+        assert!(!is_relaxed("63750144", "max", "67108864\n"));
     }
 
     #[test]

@@ -13,6 +13,8 @@
 #                                           measures `nri-qos monitor`)
 #                    [--throttle-bench]    (no runtime: tests/e2e/pressure/throttle.sh
 #                                           measures the memory.high throttle guard)
+#                    [--kube-node LIST|all] (a Kubernetes node with nri-qos installed
+#                                           by kubectl: tests/e2e/kube/README.md)
 #
 # Exit status: 0 when every E2E-CHECK passed on every VM, non-zero otherwise.
 set -euo pipefail
@@ -36,9 +38,10 @@ timing_pods=3
 pressure_bench=0
 throttle_bench=0
 crictl=0
+kube_node=0
 
 usage() {
-    sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -79,6 +82,14 @@ while [ $# -gt 0 ]; do
         pressure_bench=1
         scenarios=()
         shift ;;
+    --kube-node)
+        # tests/e2e/kube/: its own cluster, install and scenarios, one boot
+        kube_node=1
+        KUBE_NODE_SCENARIOS="${2:?--kube-node needs a list of its scenarios, or all}"
+        scenarios=()
+        versions=(2.1)
+        timing_pods=0
+        shift 2 ;;
     -h | --help) usage 0 ;;
     *) echo "run.sh: unknown argument $1" >&2; usage 2 ;;
     esac
@@ -98,6 +109,10 @@ for s in "${scenarios[@]%@*}"; do
 done
 
 "$HERE/fetch.sh"
+if [ "$kube_node" = 1 ]; then
+    # shellcheck source=tests/e2e/kube/host.sh
+    . "$HERE/kube/host.sh"
+fi
 BUSYBOX="$CACHE/root-busybox-static/bin/busybox"
 [ -x "$BUSYBOX" ] || BUSYBOX="$CACHE/root-busybox-static/usr/bin/busybox"
 [ -x "$BUSYBOX" ] || { log "no static busybox in $CACHE/root-busybox-static"; exit 1; }
@@ -249,6 +264,13 @@ if [[ " ${scenarios[*]} " == *" kubeapi "* ]]; then
     }
     make_kube_certs
     log "kubeapi: kube-apiserver $KUBE_APISERVER, etcd and kubectl from $CACHE, guest memory ${VM_MEM} MiB"
+fi
+
+# --- a Kubernetes node in the guest (--kube-node, tests/e2e/kube/) ---------------
+if [ "$kube_node" = 1 ]; then
+    kube_node_prepare
+    VM_MEM="${E2E_VM_MEM:-3072}"
+    VM_TIMEOUT="${E2E_VM_TIMEOUT:-3000}"
 fi
 
 # --- image: an OCI layout tar with one busybox layer ----------------------------
@@ -458,6 +480,7 @@ build_initramfs() {
     fi
     cp "$CRI_CLIENT" "$r/e2e/bin/cri-client"
     [ -z "$NRI_QOS" ] || cp "$NRI_QOS" "$r/e2e/bin/nri-qos"
+    [ "$kube_node" = 0 ] || kube_node_rootfs "$r"
     [ -z "$JOURNAL_SINK" ] || cp "$JOURNAL_SINK" "$r/e2e/bin/journal-sink"
     for b in "$r"/usr/bin/* "$r"/e2e/bin/*; do copy_libs "$b" "$r"; done
     cp "$WORK/images/busybox.tar" "$r/e2e/images/"
@@ -695,6 +718,7 @@ for ver in "${versions[@]}"; do
     t2=$(date +%s.%N)
     wall="$(elapsed "$t1" "$t2")"
     grep -a '^E2E-RESULT ' "$consolef" | sed 's/^E2E-RESULT //' >"$WORK/results-$ver-$plugin.jsonl" || true
+    [ "$kube_node" = 0 ] || kube_node_report "$consolef"
     log "[$name] VM wall time ${wall} s; console log: $consolef; values: $WORK/results-$ver-$plugin.jsonl"
     if parse_console "$consolef" "$name"; then
         summary+=("PASS $name (${wall} s)")

@@ -68,6 +68,14 @@ check vm.psi "$([ -f /sys/fs/cgroup/memory.pressure ] || [ -f /proc/pressure/mem
 info "MemTotal $(awk '/MemTotal/ {print $2}' /proc/meminfo) kB"
 fi # node set up
 
+# A Kubernetes node (run.sh --kube-node): tests/e2e/kube/guest/node.sh runs
+# the rest of this boot, its own runtime start and nri-qos install included.
+if [ -f /e2e/kube/env ]; then
+    # shellcheck source=tests/e2e/kube/guest/node.sh
+    . /e2e/kube/node.sh
+    finish "$rc"
+fi
+
 if [ "${E2E_THROTTLE_BENCH:-0}" = 1 ]; then
     # The monitor's memory.high throttle guard on hand-made pod cgroups.
     info "throttle bench"
