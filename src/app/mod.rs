@@ -128,6 +128,9 @@ pub fn run_plugin(args: RunArgs) -> Result<(), AppError> {
     let (plugin, kube) = build_plugin(&cfg, node);
     runtime()?.block_on(async move {
         start_tasks(&cfg, &plugin, kube.as_ref(), node);
+        if !prelaunched {
+            await_api_pods(kube.as_ref()).await;
+        }
         tokio::select! {
             r = crate::nri::session::run(transport, plugin, identity) => r.map_err(AppError::from),
             _ = shutdown_signal() => {
@@ -187,6 +190,29 @@ fn transport(launch: &Launch, cfg: &Config) -> Result<Transport, AppError> {
 }
 
 /// The plugin, with the API source's pods when that source starts.
+/// How long an external plugin waits for the API server's first list of
+/// pods before it registers: the runtime's existing containers are decided
+/// once, at Synchronize, and with the list they get the exact requests.
+/// A pre-launched plugin must register within the runtime's timeout and
+/// does not wait.
+const API_PODS_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+async fn await_api_pods(kube: Option<&crate::kube::Kube>) {
+    let Some(k) = kube else { return };
+    let started = std::time::Instant::now();
+    if k.store().first_list(API_PODS_WAIT).await {
+        tracing::info!(
+            waited = ?started.elapsed(),
+            "registering with the API server's pods listed"
+        );
+    } else {
+        tracing::warn!(
+            waited_s = API_PODS_WAIT.as_secs(),
+            "registering before the API server's first list: running containers keep the runtime's facts until they are updated"
+        );
+    }
+}
+
 fn build_plugin(cfg: &Config, node: NodeFacts) -> (Arc<QosPlugin>, Option<crate::kube::Kube>) {
     let mut plugin = QosPlugin::new(PluginSettings {
         policy: cfg.policy.clone(),

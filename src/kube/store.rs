@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use super::facts::ApiPodFacts;
 use crate::node::registry::{ContainerRequests, PodInfo, PodRegistry};
@@ -77,6 +78,18 @@ impl PodStore {
         self.connected.load(Ordering::Relaxed)
     }
 
+    /// Waits at most `limit` for a list to complete; true when one did.
+    pub async fn first_list(&self, limit: Duration) -> bool {
+        let until = tokio::time::Instant::now() + limit;
+        while !self.connected() {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        true
+    }
+
     pub fn events(&self) -> u64 {
         self.events.load(Ordering::Relaxed)
     }
@@ -123,5 +136,19 @@ mod tests {
         s.remove("b");
         assert_eq!(s.len(), 1);
         assert_eq!(PodRegistry::get(&s, "c").unwrap().name, "c");
+    }
+
+    #[tokio::test]
+    async fn the_first_list_is_awaited_within_its_limit() {
+        let s = Arc::new(PodStore::default());
+        assert!(!s.first_list(Duration::from_millis(120)).await);
+        let listed = Arc::clone(&s);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            listed.set_connected(true);
+        });
+        let started = std::time::Instant::now();
+        assert!(s.first_list(Duration::from_secs(5)).await);
+        assert!(started.elapsed() < Duration::from_secs(2));
     }
 }
