@@ -50,7 +50,7 @@ swap_checks() {
     fi
     # Stalled at memory.high with its swap full: relaxed (stage 1) or, if
     # the stall outlasts that or shows no `high` rate, evicted (stage 2).
-    acted="$(echo "$log" | grep "$stall" | grep -E 'action="?relax[" ]|killing pod: memory.high throttle persists' | head -n 1)"
+    acted="$(echo "$log" | grep "$stall" | grep -E 'action="?relax[" ]|evicting pod: memory.high throttle persists' | head -n 1)"
     if [ -n "$acted" ]; then
         check swap.stalled_acted_on PASS "$(echo "$acted" | grep -oE '^[^ ]+|action="?[a-z-]+"?|signal="?[a-z]+"?|(high_rate|psi_some_avg10)=[0-9.]+' | tr '\n' ' ')"
     else
