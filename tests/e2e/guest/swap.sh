@@ -62,8 +62,15 @@ swap_checks() {
     if [ -n "$acted" ]; then
         check swap.stalled_acted_on PASS "$(echo "$acted" | grep -oE '^[^ ]+|action="?[a-z-]+"?|signal="?[a-z]+"?|(high_rate|psi_some_avg10)=[0-9.]+' | tr '\n' ' ')"
     else
-        check swap.stalled_acted_on FAIL "neither relaxed nor evicted in 60 s more: $(tail -n +"$1" /var/log/nri-qos.log | grep "$stall" | tail -n 2 | cut -c1-300 | tr '\n' ';')"
-        rc=1
+        # Not acted on: right only if it no longer stalls (the guard's
+        # threshold is PSI some avg10 10 % with no `high` rate left).
+        psi="$(awk -F'[ =]' '/^some/ {print $3}' "/sys/fs/cgroup/kubepods/burstable/pod$stall/memory.pressure" 2>/dev/null)"
+        if [ -n "$psi" ] && awk -v p="$psi" 'BEGIN {exit !(p < 10)}'; then
+            check swap.stalled_acted_on PASS "no longer stalled, nothing to act on: pod memory.pressure some avg10 $psi; $(tail -n +"$1" /var/log/nri-qos.log | grep "$stall" | tail -n 1 | cut -c1-200)"
+        else
+            check swap.stalled_acted_on FAIL "neither relaxed nor evicted in 60 s more, pod memory.pressure some avg10 ${psi:-unknown}: $(tail -n +"$1" /var/log/nri-qos.log | grep "$stall" | tail -n 2 | cut -c1-300 | tr '\n' ';')"
+            rc=1
+        fi
     fi
     # memory.swap.max is the kubelet's (as the client sent it; guarded and
     # relaxed containers alike): after all the guard did, each still holds
