@@ -506,19 +506,7 @@ mod tests {
     use crate::node::layout::Driver;
 
     fn evictor() -> Evictor {
-        let cfg = EvictConfig {
-            dry_run: false,
-            cooldown: ms(1000),
-            kill_timeout: ms(5000),
-            kill_wait: Duration::ZERO,
-            mrelease: true,
-            rank: RankPolicy {
-                critical_namespaces: vec!["kube-system".into()],
-                critical_priority: 2_000_000_000,
-                require_pod_info: false,
-            },
-        };
-        Evictor::new(cfg, Arc::new(FakeOps::default()))
+        Evictor::new(evict_config(), Arc::new(FakeOps::default()))
     }
 
     fn two_pods() -> (Fake, Vec<Candidate>) {

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::PodTree;
+use super::rank::RankPolicy;
+use super::{EvictConfig, PodTree};
 use crate::node::cluster;
 use crate::node::layout::Driver;
 use crate::node::registry::{PodInfo, PodRegistry, RequestSource};
@@ -246,5 +247,22 @@ impl cluster::ClusterEvictions for FakeCluster {
     }
     fn memory_high_relaxed(&self, n: cluster::RelaxNotice) {
         self.relaxed.lock().unwrap().push(n);
+    }
+}
+
+/// The eviction path's defaults (`[monitor]`'s), with no kill wait: fake
+/// pods never die by themselves.
+pub fn evict_config() -> EvictConfig {
+    EvictConfig {
+        dry_run: false,
+        cooldown: ms(1000),
+        kill_timeout: ms(5000),
+        kill_wait: Duration::ZERO,
+        mrelease: true,
+        rank: RankPolicy {
+            critical_namespaces: vec!["kube-system".into()],
+            critical_priority: 2_000_000_000,
+            require_pod_info: false,
+        },
     }
 }

@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use super::*;
 use crate::evict::kill::fake::FakeOps;
-use crate::evict::rank::RankPolicy;
 use crate::evict::testing::*;
-use crate::evict::{Cause, EvictConfig, Evictor, Hold, KillOrder, Origin};
+use crate::evict::{Cause, Evictor, Hold, KillOrder, Origin};
 use crate::node::layout::Driver;
 use crate::node::QosClass;
 
@@ -40,23 +39,6 @@ fn throttle_files(
     w(&app.join("memory.high"), &format!("{high}\n"));
     w(&app.join("memory.max"), &format!("{max}\n"));
     app
-}
-
-/// The eviction path's defaults (`[monitor]`'s), with no kill wait: fake
-/// pods never die by themselves.
-fn evict_config() -> EvictConfig {
-    EvictConfig {
-        dry_run: false,
-        cooldown: ms(1000),
-        kill_timeout: ms(5000),
-        kill_wait: Duration::ZERO,
-        mrelease: true,
-        rank: RankPolicy {
-            critical_namespaces: vec!["kube-system".into()],
-            critical_priority: 2_000_000_000,
-            require_pod_info: false,
-        },
-    }
 }
 
 fn throttle_monitor(f: &Fake, reg: Pods) -> (Guard, Arc<FakeOps>) {
