@@ -352,6 +352,7 @@ fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::cgroupfs::RELAXED_WITHOUT_LIMIT;
     use proptest::prelude::*;
 
     fn cfg() -> ThrottleConfig {
@@ -644,7 +645,9 @@ mod tests {
         x.max = None;
         x.high = None;
         assert!(x.relaxed());
-        assert_eq!(x.relax_value(), None);
+        assert_eq!(x.relax_value(), RELAXED_WITHOUT_LIMIT);
+        x.high = Some(RELAXED_WITHOUT_LIMIT);
+        assert!(x.relaxed());
         // Found relaxed after a restart: never relaxed again, stage 2 only.
         let mut g = Throttles::new(cfg());
         let mut n = 0;

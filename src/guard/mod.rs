@@ -13,7 +13,8 @@
 //! - a container is under throttle while any signal is above its threshold;
 //!   the timer restarts only when all are below;
 //! - stage 1: `high` active past the grace period ⇒ raise memory.high to
-//!   memory.max (`max` without a limit), once;
+//!   memory.max (`node::cgroupfs::RELAXED_WITHOUT_LIMIT` without a
+//!   limit), once;
 //! - stage 2: still under throttle a grace period after relaxing (plus the
 //!   time PSI avg10 needs to decay; PSI alone only from [`PSI_AFTER_RELAX`]
 //!   on), or past grace without `high` at all (a stall that is not at the

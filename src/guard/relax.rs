@@ -1,6 +1,6 @@
-//! Stage 1's write: memory.high up to memory.max (`max` without a limit),
-//! through the cgroup file unless the runtime route was chosen
-//! (`crate::nri::relax`).
+//! Stage 1's write: memory.high up to memory.max (without a limit, to
+//! `node::cgroupfs::RELAXED_WITHOUT_LIMIT`), through the cgroup file unless
+//! the runtime route was chosen (`crate::nri::relax`).
 
 use super::sample::Sample;
 use crate::node::cgroupfs as stat;
@@ -18,7 +18,7 @@ impl Sample {
         RelaxRequest {
             container_id: self.id.clone(),
             cgroup: self.path.clone(),
-            value: high_value(self.relax_value()),
+            value: self.relax_value().to_string(),
         }
     }
 }

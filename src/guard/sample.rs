@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::node::cgroupfs as stat;
+use crate::node::cgroupfs::{self as stat, RELAXED_WITHOUT_LIMIT};
 use crate::node::layout::{container_id, Driver};
 use crate::node::psi;
 use crate::node::QosClass;
@@ -35,16 +35,18 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// memory.high already as loose as it gets: equal to memory.max, or
-    /// `max` without a limit. What a relax leaves behind, so the relaxed
-    /// state is derived from the tree and survives a restart.
+    /// memory.high already as loose as it gets: `max`, equal to
+    /// memory.max, or [`RELAXED_WITHOUT_LIMIT`] without a limit. What a
+    /// relax leaves behind, so the relaxed state is derived from the tree
+    /// and survives a restart.
     pub fn relaxed(&self) -> bool {
-        self.high == self.max || self.high.is_none()
+        self.high.is_none() || self.high == self.max || self.high == Some(RELAXED_WITHOUT_LIMIT)
     }
 
-    /// The value a relax writes: memory.max, or "max".
-    pub fn relax_value(&self) -> Option<u64> {
-        self.max
+    /// The value a relax writes: memory.max, or [`RELAXED_WITHOUT_LIMIT`]
+    /// where there is none.
+    pub fn relax_value(&self) -> u64 {
+        self.max.unwrap_or(RELAXED_WITHOUT_LIMIT)
     }
 }
 

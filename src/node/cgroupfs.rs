@@ -326,17 +326,24 @@ impl Owner {
     }
 }
 
+/// memory.high the throttle guard writes into a container that has no
+/// memory.max: 4 EiB, no throttle on any machine, yet unlike `max` it says
+/// who wrote it. A container created while no plugin was connected also
+/// holds `max`, and only that one a Synchronize must bring in line.
+pub const RELAXED_WITHOUT_LIMIT: u64 = 1 << 62;
+
 /// A container the throttle guard relaxed, judged from the tree
 /// alone (so it holds across a restart of the plugin): its memory.high
-/// (`high`, as in the file) is its memory.max, which the guard raises it to
-/// (`max` when it has no limit), while the policy wants `wanted`, a lower
-/// value. The policy leaves it so until the container restarts or is
-/// resized, and `audit` shows it instead of reporting drift. A `max` under
-/// a finite memory.max is not the guard's: it is a container created while
-/// no plugin was connected, which a Synchronize brings in line.
+/// (`high`, as in the file) is its memory.max, or [`RELAXED_WITHOUT_LIMIT`]
+/// where it has none, while the policy wants `wanted`, a lower value. The
+/// policy leaves it so until the container restarts or is resized, and
+/// `audit` shows it instead of reporting drift. A `max` is never the
+/// guard's: it is a container created while no plugin was connected, which
+/// a Synchronize brings in line.
 pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
     let (wanted, high, max) = (wanted.trim(), high.trim(), max.trim());
-    wanted != high && wanted != "max" && high == max
+    let guards_value = (high == max && high != "max") || high == RELAXED_WITHOUT_LIMIT.to_string();
+    wanted != high && wanted != "max" && guards_value
 }
 
 /// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
@@ -415,15 +422,16 @@ mod tests {
     #[test]
     fn throttle_relaxed_judged_from_the_tree() {
         assert!(is_relaxed("247463936", "268435456\n", "268435456\n"));
-        assert!(is_relaxed("247463936", "max", "max"));
+        assert!(is_relaxed("247463936", "4611686018427387904\n", "max"));
         assert!(!is_relaxed("247463936", "247463936", "268435456"));
         // Not ours to call relaxed: the policy wants no memory.high at all,
         // or someone set another value.
         assert!(!is_relaxed("max", "max", "max"));
         assert!(!is_relaxed("247463936", "250000000", "268435456"));
         // Never set (created while the plugin was away): the guard would
-        // have written the limit, not `max`.
+        // have written the limit, or RELAXED_WITHOUT_LIMIT, never `max`.
         assert!(!is_relaxed("63750144", "max", "67108864\n"));
+        assert!(!is_relaxed("2815623168", "max", "max"));
     }
 
     #[test]
@@ -440,6 +448,8 @@ mod tests {
         assert!(!relaxed_in_tree(d.path(), "max"), "the policy wants none");
         std::fs::remove_dir(d.path().join("memory.max")).unwrap();
         write("memory.max", "max\n");
+        assert!(!relaxed_in_tree(d.path(), "247463936"), "never set");
+        write("memory.high", &format!("{RELAXED_WITHOUT_LIMIT}\n"));
         assert!(relaxed_in_tree(d.path(), "247463936"));
         write("memory.high", "268435456\n");
         write("memory.max", "268435456\n");

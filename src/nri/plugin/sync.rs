@@ -444,7 +444,15 @@ impl QosPlugin {
             return;
         };
         if cgroupfs::relaxed_in_tree(&dir, want) {
-            info!(container = %c.id, wanted = %want, "memory.high was relaxed by the throttle guard; leaving it");
+            let read = |f: &str| cgroupfs::read_trimmed(&dir.join(f)).unwrap_or_default();
+            info!(
+                container = %c.id,
+                cgroup = %dir.display(),
+                wanted = %want,
+                memory_high = %read("memory.high"),
+                memory_max = %read("memory.max"),
+                "memory.high was relaxed by the throttle guard; leaving it"
+            );
             adjustment.unified.remove("memory.high");
         }
     }
