@@ -32,6 +32,9 @@ host_packages() {
     command -v cpio >/dev/null || missing+=(cpio)
     command -v strip >/dev/null || missing+=(binutils)
     command -v timeout >/dev/null || missing+=(coreutils)
+    # the Kubernetes node's control plane runs in a network namespace
+    command -v ip >/dev/null || missing+=(iproute2)
+    command -v openssl >/dev/null || missing+=(openssl)
     if [ "${#missing[@]}" -gt 0 ]; then
         log "installing host packages: ${missing[*]}"
         export DEBIAN_FRONTEND=noninteractive
@@ -107,7 +110,10 @@ get_deb() {
 
 # Modules of the cloud kernel the guest loads with insmod (no modprobe, no
 # dependency resolution: each is listed after what it needs).
-KERNEL_MODULES=(drivers/block/loop.ko mm/zsmalloc.ko crypto/lzo-rle.ko drivers/block/zram/zram.ko)
+KERNEL_MODULES=(drivers/block/loop.ko mm/zsmalloc.ko crypto/lzo-rle.ko drivers/block/zram/zram.ko
+    drivers/virtio/virtio.ko drivers/virtio/virtio_ring.ko drivers/virtio/virtio_pci_legacy_dev.ko
+    drivers/virtio/virtio_pci_modern_dev.ko drivers/virtio/virtio_pci.ko net/core/failover.ko
+    drivers/net/net_failover.ko drivers/net/virtio_net.ko)
 
 kernel() {
     local m have=1
@@ -125,7 +131,8 @@ kernel() {
     cp "$tmp"/boot/vmlinuz-* "$CACHE/vmlinuz"
     # loop gives the guest a real filesystem whose page cache is reclaimable
     # (scenario protection); zram (with zsmalloc and its lzo-rle compressor)
-    # its swap (scenario swap)
+    # its swap (scenario swap); virtio-net (with virtio's PCI transport and
+    # failover) the Kubernetes node's link to its control plane
     for m in "${KERNEL_MODULES[@]}"; do
         cp "$tmp"/lib/modules/*/kernel/"$m" "$CACHE/$(basename "$m")"
     done

@@ -269,6 +269,7 @@ fi
 # --- a Kubernetes node in the guest (--kube-node, tests/e2e/kube/) ---------------
 if [ "$kube_node" = 1 ]; then
     kube_node_prepare
+    trap kube_cp_stop EXIT
     VM_MEM="${E2E_VM_MEM:-3072}"
     VM_TIMEOUT="${E2E_VM_TIMEOUT:-3000}"
 fi
@@ -543,6 +544,10 @@ build_initramfs() {
 # printed anything (seen once in a 2-CPU boot of the 6.1 cloud kernel): the
 # whole VM timeout was lost on it. Stage 2 normally starts within 5-20 s.
 BOOT_TIMEOUT="${E2E_BOOT_TIMEOUT:-180}"
+# A command qemu runs under, and its network (the Kubernetes node's only;
+# every other guest has no network device).
+QEMU_WRAP=()
+QEMU_NET=()
 BOOT_HUNG=86
 # It has also frozen after stage 2: once not a line more (CI, containerd 1.7
 # at its first pod), once both vCPUs in a soft lockup while the kernel went
@@ -602,13 +607,13 @@ boot_vm() {
     append="$append sysrq_always_enabled"
     [ "$test_freeze" != 1 ] || append="$append e2e.test_freeze=1"
     # (|| true: a qemu killed here is reported by the caller, not by bash's job notices)
-    { timeout --kill-after=10 "$boot_timeout" qemu-system-x86_64 \
+    { timeout --kill-after=10 "$boot_timeout" "${QEMU_WRAP[@]}" qemu-system-x86_64 \
         -accel tcg -cpu max -m "$VM_MEM" -smp "$VM_CPUS" \
         -nographic -no-reboot -nodefaults -serial stdio -display none \
         -name e2e,debug-threads=on \
         -chardev pipe,id=mon0,path="$mon" -mon chardev=mon0,mode=readline \
         -pidfile "$pidfile" \
-        -kernel "$CACHE/vmlinuz" -initrd "$initrd" \
+        -kernel "$CACHE/vmlinuz" -initrd "$initrd" "${QEMU_NET[@]}" \
         -append "$append" </dev/null || true; } |
         sed -u 's/\r$//' | tee "$consolef" | grep -a --line-buffered -E '^(E2E-|Error)' | tee "$progressf" |
         grep -a --line-buffered -E '^(E2E-(CHECK|INFO|TIMING|DONE)|Error)' | sed -u "s/^/    /" &
@@ -699,6 +704,12 @@ for ver in "${versions[@]}"; do
     rm -f "$statef" "${consolef%.log}.frozen.log"
     test_freeze="${E2E_TEST_FREEZE:-0}"
     for attempt in 1 2; do
+        if [ "$kube_node" = 1 ]; then
+            # a fresh control plane for each boot: the node registers anew
+            kube_cp_start || { status=1; break; }
+            QEMU_WRAP=(ip netns exec "$KUBE_CP_NS")
+            read -ra QEMU_NET <<<"$(kube_cp_qemu_net)"
+        fi
         boot_vm "$initrd" "$consolef" "$statef" "$test_freeze"
         status=$?
         test_freeze=0
@@ -718,7 +729,11 @@ for ver in "${versions[@]}"; do
     t2=$(date +%s.%N)
     wall="$(elapsed "$t1" "$t2")"
     grep -a '^E2E-RESULT ' "$consolef" | sed 's/^E2E-RESULT //' >"$WORK/results-$ver-$plugin.jsonl" || true
-    [ "$kube_node" = 0 ] || kube_node_report "$consolef"
+    if [ "$kube_node" = 1 ]; then
+        # the control plane's log tails when the node did not finish clean
+        if grep -aq '^E2E-DONE rc=0' "$consolef"; then kube_cp_stop; else kube_cp_stop 30; fi
+        kube_node_report "$consolef"
+    fi
     log "[$name] VM wall time ${wall} s; console log: $consolef; values: $WORK/results-$ver-$plugin.jsonl"
     if parse_console "$consolef" "$name"; then
         summary+=("PASS $name (${wall} s)")

@@ -39,10 +39,11 @@ kc() {
     return "$code"
 }
 
-# The control plane's and the runtime's log tails ($1 lines each).
-dump_cp_logs() {
+# The kubelet's and the runtime's log tails ($1 lines each); the host prints
+# the control plane's when the boot fails.
+dump_node_logs() {
     local l
-    for l in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet containerd; do
+    for l in kubelet containerd; do
         [ -f "/var/log/$l.log" ] || continue
         echo "---- $l.log (tail) ----"
         tail -n "${1:-30}" "/var/log/$l.log" | cut -c1-400
@@ -52,7 +53,7 @@ dump_cp_logs() {
 # wait_for WHAT SECONDS CMD...: runs CMD every second until it succeeds,
 # saying what it waits for (and every 30 s that it still does). Sets
 # $waited (seconds). On time-out: a FAIL check naming WHAT, the last output
-# of CMD and the control plane's logs; returns 1.
+# of CMD and the node's logs; returns 1.
 wait_for() {
     local what="$1" limit="$2" start next out
     shift 2
@@ -68,7 +69,7 @@ wait_for() {
         waited=$(($(now_s) - start))
         if [ "$waited" -ge "$limit" ]; then
             check "kube.wait" FAIL "$what: not after $waited s; last: $(echo "$out" | tail -n 3 | tr '\n' ' ' | cut -c1-300)"
-            dump_cp_logs 40
+            dump_node_logs 40
             rc=1
             return 1
         fi
@@ -80,8 +81,8 @@ wait_for() {
     done
 }
 
-# Background: when no step got anywhere for $1 s, print the control plane's
-# logs and what runs (once per stall), so a hung run explains itself.
+# Background: when no step got anywhere for $1 s, print the node's logs,
+# its pods and what runs (once per stall), so a hung run explains itself.
 kube_watchdog() {
     local stall="$1" told=0 age
     progress
@@ -93,10 +94,10 @@ kube_watchdog() {
         fi
         [ "$told" = 0 ] || continue
         told=1
-        info "kube watchdog: no progress for $age s; processes and control plane logs follow"
+        info "kube watchdog: no progress for $age s; processes, pods and the node's logs follow"
         top -b -n 1 | head -n 25 | cut -c1-200
         kubectl --request-timeout=20s get pods -A -o wide 2>&1 | head -n 40
-        dump_cp_logs 40
+        dump_node_logs 40
     done
 }
 

@@ -1,14 +1,15 @@
 # shellcheck shell=sh
-# A single-node Kubernetes cluster in the VM, nri-qos installed on it with
-# kubectl as users install it, and the scenarios driven through kubectl
-# (tests/e2e/kube/README.md). Sourced by guest.sh after its mounts and cgroup
-# set-up when /e2e/kube/env exists; sets $rc. busybox sh.
+# The VM as a Kubernetes node of a single-node cluster, nri-qos installed on
+# it with kubectl as users install it, and the scenarios driven through
+# kubectl (tests/e2e/kube/README.md). Sourced by guest.sh after its mounts
+# and cgroup set-up when /e2e/kube/env exists; sets $rc. busybox sh.
 #
-# etcd, kube-apiserver (RBAC), kube-controller-manager, kube-scheduler and
-# the kubelet (cgroupfs driver) with containerd; no CNI plugin: every pod
-# uses the host network, and a loopback-only conflist makes containerd
-# report NetworkReady, without which the node stays NotReady and the
-# scheduler places nothing but DaemonSet pods.
+# The kubelet (cgroupfs driver) with containerd; its control plane (etcd,
+# kube-apiserver with RBAC, kube-controller-manager, kube-scheduler) runs on
+# the host (control-plane.sh), reached over the node's one network device.
+# No CNI plugin: every pod uses the host network, and a loopback-only
+# conflist makes containerd report NetworkReady, without which the node
+# stays NotReady and the scheduler places nothing but DaemonSet pods.
 
 # shellcheck source=/dev/null
 . /e2e/kube/env
@@ -22,13 +23,23 @@ NODE=e2e-node
 rc=0
 kube_t0=$(now_s)
 
-# --- the node's network: loopback only -----------------------------------------
-# The node IP and the `kubernetes` Service's ClusterIP live on lo: the
-# kubelet refuses a loopback node IP, and with no kube-proxy the ClusterIP
-# the DaemonSet's in-cluster client dials must be an address of the node.
-ip addr add "$E2E_KUBE_NODE_IP/32" dev lo
-ip addr add "$E2E_KUBE_SERVICE_IP/32" dev lo
-mkdir -p /etc/cni/net.d /opt/cni/bin /var/lib/kubelet /var/lib/etcd /var/lib/kube-apiserver /etc/kubernetes
+# --- the node's network: one link to the control plane ---------------------------
+# virtio-net (qemu's user-mode network, control-plane.sh): the node IP on
+# eth0, everything else through the gateway, the `kubernetes` Service's
+# ClusterIP included (no kube-proxy: the host answers at that address).
+net_modules=""
+for m in virtio virtio_ring virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci failover net_failover virtio_net; do
+    out="$(insmod "/e2e/$m.ko" 2>&1)" || net_modules="$net_modules $m: $out;"
+done
+# the device is probed after insmod returns
+wait_for "the network device eth0 (virtio-net;$net_modules)" 30 ip link show eth0 >/dev/null || true
+if ip link set eth0 up && ip addr add "$E2E_KUBE_NODE_IP/24" dev eth0 && ip route add default via "$E2E_KUBE_GATEWAY"; then
+    check kube.network PASS "eth0 $E2E_KUBE_NODE_IP/24, default via $E2E_KUBE_GATEWAY"
+else
+    check kube.network FAIL "no eth0 (virtio-net): $(ip link 2>&1 | tr '\n' ' ')"
+    finish 1
+fi
+mkdir -p /etc/cni/net.d /opt/cni/bin /var/lib/kubelet /etc/kubernetes
 printf '{"cniVersion":"1.0.0","name":"lo","plugins":[{"type":"loopback"}]}\n' >/etc/cni/net.d/10-loopback.conflist
 # the kubelet's cadvisor reads it; any stable value
 echo e2e0000000000000000000000000000 >/etc/machine-id
@@ -36,9 +47,7 @@ echo e2e0000000000000000000000000000 >/etc/machine-id
 kube_watchdog "${E2E_KUBE_STALL_S:-240}" &
 
 # Runs daemon $1 (arguments $2...; log /var/log/$1.log) and starts it again
-# whenever it exits, as a node's init system does: under emulation on a busy
-# machine kube-apiserver can miss its own start-up deadlines (its RBAC
-# bootstrap hook gives up after 30 s and exits). Each unplanned exit is
+# whenever it exits, as a node's init system does. Each unplanned exit is
 # counted in /tmp/restarts-$1 and said on the console; a restart a scenario
 # asks for (it touches /tmp/restart-planned-$1, then kills the daemon) is not.
 supervise() {
@@ -95,48 +104,10 @@ for img in /e2e/images/*.tar; do
 done
 check kube.image_import PASS "$(ctr -n k8s.io images ls -q | tr '\n' ' ')"
 
-# --- the control plane -------------------------------------------------------------
-supervise etcd etcd --name e2e --data-dir /var/lib/etcd \
-    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
-    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster e2e=http://127.0.0.1:2380
-# 443 on every address: the `kubernetes` Service's port on its ClusterIP.
-# No API Priority and Fairness: one node, a handful of clients, and its
-# bootstrap configuration and per-request classification cost CPU the
-# emulated guest does not have.
-supervise kube-apiserver kube-apiserver --etcd-servers=http://127.0.0.1:2379 --bind-address=0.0.0.0 --secure-port=443 \
-    --advertise-address="$E2E_KUBE_NODE_IP" \
-    --tls-cert-file=$PKI/tls.crt --tls-private-key-file=$PKI/tls.key \
-    --token-auth-file=$PKI/tokens.csv --authorization-mode=Node,RBAC \
-    --enable-admission-plugins=NodeRestriction \
-    --service-account-issuer=https://kubernetes.default.svc --service-account-key-file=$PKI/sa.pub \
-    --service-account-signing-key-file=$PKI/sa.key --service-cluster-ip-range=10.0.0.0/24 \
-    --endpoint-reconciler-type=none --cert-dir=/var/lib/kube-apiserver \
-    --kubelet-preferred-address-types=InternalIP --enable-priority-and-fairness=false
+# --- the control plane: on the host (control-plane.sh), ready before the boot ------
 apiserver_ready() { kc get --raw /readyz >/dev/null && kc get namespace default >/dev/null; }
-t=$(now_s)
-if wait_for "kube-apiserver ready (/readyz, RBAC bootstrap, namespace default)" 900 apiserver_ready; then
-    figure boot "kube-apiserver ready after start" "$(($(now_s) - t)) s" "t=$(uptime_s)s; $(wc -l </tmp/restarts-kube-apiserver 2>/dev/null || echo 0) restarts"
-else
-    finish 1
-fi
-
-# Only the controllers the scenarios use (the guest's 2 emulated vCPUs are
-# its scarcest resource): service accounts and their tokens, the CA bundles
-# every projected token volume mounts (kube-root-ca.crt, and
-# openshift-service-ca.crt, which this API server build's ServiceAccount
-# admission adds to every such volume: OpenShift's patch, active without
-# --openshift-config), DaemonSets, Deployments and ReplicaSets, the
-# garbage collector (cascading deletes), the node lifecycle (conditions to
-# taints: memory-pressure keeps pods off the node as on any cluster) and pod
-# garbage collection.
-supervise kube-controller-manager kube-controller-manager --kubeconfig=$PKI/controller-manager.kubeconfig \
-    --controllers=serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,service-ca-certificate-publisher-controller,daemonset-controller,deployment-controller,replicaset-controller,garbage-collector-controller,node-lifecycle-controller,pod-garbage-collector-controller \
-    --use-service-account-credentials=true --service-account-private-key-file=$PKI/sa.key \
-    --root-ca-file=$PKI/ca.crt --cluster-name=e2e --leader-elect=false \
-    --bind-address=127.0.0.1 --cert-dir=/var/lib/kube-controller-manager
-supervise kube-scheduler kube-scheduler --kubeconfig=$PKI/scheduler.kubeconfig \
-    --leader-elect=false --bind-address=127.0.0.1
+wait_for "the control plane's API server at https://$E2E_KUBE_SERVICE_IP:443" 120 apiserver_ready || finish 1
+check kube.apiserver PASS "reached at t=$(uptime_s)s"
 
 # --- the kubelet -------------------------------------------------------------------
 # $1: extra lines for the KubeletConfiguration (scenario tiered: Memory QoS).
@@ -224,6 +195,9 @@ for s in $E2E_KUBE_SCENARIOS; do
     info "kube scenario $s: end"
 done
 
-figure boot "daemon restarts (unplanned)" "$(cat /tmp/restarts-* 2>/dev/null | wc -l)" "$(for f in /tmp/restarts-*; do [ -f "$f" ] && printf '%s %s; ' "${f#/tmp/restarts-}" "$(wc -l <"$f")"; done)"
-figure boot "guest uptime at the end" "$(uptime_s) s" "RSS kB: $(for p in etcd kube-apiserver kubelet containerd; do printf '%s %s ' "$p" "$(awk '/VmRSS/ {print $2}' /proc/"$(pidof "$p" | cut -d' ' -f1)"/status 2>/dev/null)"; done)"
-[ "$rc" = 0 ] || dump_cp_logs 30
+figure boot "node daemon restarts (unplanned)" "$(cat /tmp/restarts-* 2>/dev/null | wc -l)" "$(for f in /tmp/restarts-*; do [ -f "$f" ] && printf '%s %s; ' "${f#/tmp/restarts-}" "$(wc -l <"$f")"; done)"
+figure boot "guest uptime at the end" "$(uptime_s) s" "RSS kB: $(for p in kubelet containerd; do printf '%s %s ' "$p" "$(awk '/VmRSS/ {print $2}' /proc/"$(pidof "$p" | cut -d' ' -f1)"/status 2>/dev/null)"; done)"
+# CPU seconds (user + system) each daemon used, against the guest's busy time.
+cpu_s() { awk -v hz="$(getconf CLK_TCK 2>/dev/null || echo 100)" '{ printf "%.0f", ($14 + $15) / hz }' "/proc/$1/stat" 2>/dev/null; }
+figure boot "node CPU seconds (guest, emulated)" "$(awk '/^cpu / { printf "%.0f s busy", ($2 + $3 + $4 + $7 + $8) / 100 }' /proc/stat)" "$(for p in kubelet containerd; do printf '%s %s; ' "$p" "$(cpu_s "$(pidof "$p" | cut -d' ' -f1)")"; done)"
+[ "$rc" = 0 ] || dump_node_logs 30
