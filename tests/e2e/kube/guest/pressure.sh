@@ -9,7 +9,7 @@
 # nri-qos runs first: a node the kubelet saw under pressure keeps its
 # MemoryPressure condition (and taint, which holds the evicted pods'
 # replacements off it) for evictionPressureTransitionPeriod, 5 min; the
-# kubelet's restart in scenario tiered ends it.
+# kubelet is restarted after each run, which ends it.
 # Workload: kn-ev-guaranteed and kn-ev-within (within their requests: must
 # survive), ev-bu (Burstable, holds 0.6 x the headroom) and ev-be
 # (BestEffort, grows at PRESS_RATE MiB/s) as Deployments. Measured from a
@@ -21,12 +21,13 @@
 PRESS_THRESHOLD=104857600
 PRESS_RATE="${PRESS_RATE:-12}"
 
-# One sample: "uptime_ms memory.available" as the kubelet computes it.
+# One sample: "uptime_ms memory.available" as the kubelet computes it
+# (busybox awk's %d stops at 2^31: bytes need %.0f).
 press_sample() {
     awk 'FILENAME == "/proc/uptime" { ms = int($1 * 1000); next }
         FILENAME == "/proc/meminfo" { if ($1 == "MemTotal:") t = $2 * 1024; next }
         $1 == "anon" { a = $2 } $1 == "file" { f = $2 } $1 == "inactive_file" { i = $2 }
-        END { printf "%d %d\n", ms, t - (a + f - i) }' /proc/uptime /proc/meminfo /sys/fs/cgroup/memory.stat
+        END { printf "%d %.0f\n", ms, t - (a + f - i) }' /proc/uptime /proc/meminfo /sys/fs/cgroup/memory.stat
 }
 
 # Samples every 100 ms into $1 until /tmp/press.stop exists.
@@ -45,6 +46,17 @@ clock_offset() {
     s0=$(date +%s)
     while s1=$(date +%s) && [ "$s1" = "$s0" ]; do sleep 0.01; done
     awk -v s="$s1" '{ printf "%.2f", $1 - s }' /proc/uptime
+}
+
+# The kubelet saw pressure: its condition would hold pods off the node for
+# evictionPressureTransitionPeriod (5 min). A restart of the kubelet
+# forgets it, so what runs next starts alike without the wait.
+kubelet_forget_pressure() {
+    : >/tmp/restart-planned-kubelet
+    kill "$(pidof kubelet)"
+    sleep 2
+    wait_for "node $NODE Ready after the kubelet's restart" 300 node_ready
+    wait_for "node condition MemoryPressure False" 360 no_memory_pressure
 }
 
 # The ConfigMap's nri-qos.toml with [plugin] with-monitor set to $1.
@@ -243,14 +255,13 @@ if create_pods kn-ev-guaranteed kn-ev-within; then
     press_run nri-qos
     nri_qos_relief="$press_relief_ms"
     press_run_checks nri-qos
-    # the kubelet saw pressure: its condition holds the replacements off
-    # for 5 min; wait it out so the second run starts alike
-    wait_for "node condition MemoryPressure False" 360 no_memory_pressure
+    kubelet_forget_pressure
 
     nri_qos_monitor false
     nri_qos_restart "the monitor off"
     press_run "kubelet alone"
     figure pressure "relief: kubelet alone / nri-qos" "$press_relief_ms / $nri_qos_relief ms" ""
+    kubelet_forget_pressure
     # back to the shipped ConfigMap
     kc apply -k /e2e/kube/deploy >/dev/null
     nri_qos_restart "the shipped config again"

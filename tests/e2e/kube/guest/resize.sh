@@ -9,7 +9,7 @@
 
 # The sum of memory.low (or $2) over the pod cgroups under $1.
 children_sum() {
-    cat "$1"/pod*/"${2:-memory.low}" 2>/dev/null | awk '{ s += $1 } END { printf "%d", s }'
+    cat "$1"/pod*/"${2:-memory.low}" 2>/dev/null | awk '{ s += $1 } END { printf "%.0f", s }'
 }
 
 # Resizes kn-resize to the resources of manifest $2 (patch $3) and times
