@@ -37,6 +37,7 @@ mod events;
 mod handlers;
 mod kubelet_ownership;
 mod record;
+mod start_race;
 mod sync;
 #[cfg(test)]
 mod tests;
@@ -143,6 +144,9 @@ pub struct QosPlugin {
     api_pods: Option<Arc<dyn ContainerRequests>>,
     /// Layers the runtime's drop-in config over ours; none: it is ignored.
     drop_in: Option<DropInLayer>,
+    /// The values the last Synchronize sent containers it found created
+    /// but not started, checked when they start ([`start_race`]).
+    created_at_sync: Mutex<start_race::CreatedAtSync>,
 }
 
 /// Layers config text the runtime sends in Configure over the plugin's own
@@ -187,6 +191,7 @@ impl QosPlugin {
             metrics: Arc::new(Metrics::new()),
             api_pods: None,
             drop_in: None,
+            created_at_sync: Mutex::new(HashMap::new()),
         }
     }
 

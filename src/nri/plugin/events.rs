@@ -106,9 +106,13 @@ impl QosPlugin {
             api::Event::RUN_POD_SANDBOX => self.run_pod(pod),
             api::Event::POST_START_CONTAINER => {
                 self.oom_fallback(container);
+                self.repair_start_race(container);
                 self.learn_owner_after_start(container);
             }
-            api::Event::REMOVE_CONTAINER => self.forget_container(&container.id),
+            api::Event::REMOVE_CONTAINER => {
+                lock(&self.created_at_sync).remove(&container.id);
+                self.forget_container(&container.id);
+            }
             api::Event::REMOVE_POD_SANDBOX => self.forget_pod(&pod.id),
             other => debug!(event = ?other, "event ignored"),
         }

@@ -216,6 +216,7 @@ impl QosPlugin {
         let (pods, containers) = (source.pods(), source.containers());
         drop(source);
         self.install_records(built.pods, built.containers);
+        *lock(&self.created_at_sync) = built.created;
         self.notify_changed();
         let updates = built.updates;
         let mut counters = lock(&self.counters);
@@ -276,6 +277,11 @@ impl QosPlugin {
             if pass.adjust && is_running(c) {
                 let mut adjustment = decision.adjustment;
                 self.keep_relaxed_high(c, &mut adjustment);
+                if is_created(c) && !adjustment.unified.is_empty() {
+                    built
+                        .created
+                        .insert(c.id.clone(), adjustment.unified.clone());
+                }
                 // oom_score_adj cannot travel in an update; the runtime
                 // applies the rest through UpdateContainerResources.
                 if let Some(u) = convert::update_to_wire(&c.id, adjustment, OnUpdateFailure::Ignore)
@@ -540,6 +546,8 @@ struct SyncBuilt {
     updates: EncodedUpdates,
     /// Containers left undecided to answer in time.
     skipped: usize,
+    /// The `unified` values sent to containers not started yet.
+    created: super::start_race::CreatedAtSync,
 }
 
 impl SyncBuilt {
@@ -549,6 +557,7 @@ impl SyncBuilt {
             containers: HashMap::with_capacity(source.containers()),
             updates: EncodedUpdates::default(),
             skipped: 0,
+            created: HashMap::new(),
         }
     }
 }
@@ -572,6 +581,12 @@ fn members_by_pod(source: &SyncSource) -> HashMap<&str, (usize, Vec<usize>)> {
         }
     }
     pods
+}
+
+/// Created and not started: an update reaches the runtime's record of it,
+/// and its start may or may not see that ([`super::start_race`]).
+fn is_created(c: &api::Container) -> bool {
+    c.state.enum_value() == Ok(api::ContainerState::CONTAINER_CREATED)
 }
 
 /// A container a runtime update can still reach.

@@ -760,3 +760,38 @@ async fn a_synchronize_decided_pod_by_pod_from_its_bytes_gives_what_the_decoded_
     let whole = vec![sync_message(&pods, &containers, false)];
     assert_eq!(synchronized_encoded(&p, whole).await, decoded);
 }
+
+#[test]
+fn a_container_created_at_the_synchronize_gets_its_values_at_start_if_its_start_missed_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = plugin(dir.path());
+    let pod = kubelet_pod(dir.path(), "s", 0);
+    let mut created = in_cgroup(hidden_container("c1", "s"), "/kubepods/burstable/pods/c1");
+    created.state = protobuf::EnumOrUnknown::new(api::ContainerState::CONTAINER_CREATED);
+    let running = in_cgroup(hidden_container("r1", "s"), "/kubepods/burstable/pods/r1");
+    let updates = p.finish_sync(Complete::of(&super::super::reassembly::Snapshot {
+        pods: vec![pod.clone()],
+        containers: vec![created.clone(), running.clone()],
+        ..Default::default()
+    }));
+    assert_eq!(updates.len(), 2, "both are updated: {updates:?}");
+    let sent = updates[0].linux.resources.as_ref().unwrap().unified.clone();
+    assert!(sent.contains_key("cpu.weight") && sent.contains_key("memory.high"), "{sent:?}");
+    // The start read the runtime's record before the update landed: the
+    // kernel holds the values from before.
+    let cg = dir.path().join("kubepods/burstable/pods/c1");
+    std::fs::create_dir_all(&cg).unwrap();
+    for file in sent.keys() {
+        std::fs::write(cg.join(file), "max\n").unwrap();
+    }
+    std::fs::write(cg.join("cpu.weight"), "2\n").unwrap();
+    p.on_event(api::Event::POST_START_CONTAINER, &pod, &created, EventPath::Dedicated);
+    for (file, value) in &sent {
+        assert_eq!(&std::fs::read_to_string(cg.join(file)).unwrap(), value, "{file}");
+    }
+    // Once per container, and never for one that ran at the Synchronize.
+    std::fs::write(cg.join("cpu.weight"), "7\n").unwrap();
+    p.on_event(api::Event::POST_START_CONTAINER, &pod, &created, EventPath::Dedicated);
+    assert_eq!(std::fs::read_to_string(cg.join("cpu.weight")).unwrap(), "7\n");
+    assert!(lock(&p.created_at_sync).is_empty());
+}

@@ -59,6 +59,13 @@ if create_pods $AWAY_BEFORE; then
     fi
     explain_check away.after none $AWAY_BEFORE $AWAY_DURING
     figure away "values equal to explain after the return" "$explain_ok of $explain_all" ""
+    if [ "$explain_ok" != "$explain_all" ]; then
+        # what tells a container the plugin missed: when it started, the
+        # plugin's Synchronize, the runtime's NRI lines
+        info "away: sync at $t_sync; started: $(for p in $AWAY_DURING; do kc get pod "$p" -o jsonpath='{range .status.initContainerStatuses[*]}{.name}={.state.running.startedAt}{.state.terminated.startedAt} {end}{range .status.containerStatuses[*]}{.name}={.state.running.startedAt} {end}'; done)"
+        kc -n kube-system logs "$new" | grep -E 'synchroniz|registered|configured|relaxed' | cut -c1-300
+        grep -iE 'nri|plugin' /var/log/containerd.log | tail -n 25 | cut -c1-300
+    fi
     kube_audit away.audit
     figure away "audit drift" "$(echo "$audit_out" | grep -oE '[0-9]+ drifting' | tail -n 1 || echo '?')" ""
 fi
