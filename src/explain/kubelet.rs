@@ -91,7 +91,30 @@ impl KubeletMemoryQosSim {
         })
     }
 
-    /// The Memory QoS keys the kubelet puts in a container's `unified` map.
+    /// What the kubelet writes itself on the pod cgroup of a pod with
+    /// pod-level resources: the pod-level memory request, as memory.min, or
+    /// memory.low for a Burstable pod under TieredReservation (seen on a
+    /// v1.36.2 kubelet: a Burstable pod with a 256Mi pod-level request got
+    /// memory.low 268435456, its containers none of their own).
+    pub fn pod_level_protection(
+        &self,
+        class: QosClass,
+        pod_request: u64,
+        node: &NodeSpec,
+    ) -> Option<(&'static str, u64)> {
+        if self.mode == KubeletMode::None || !node.cgroup_v2 || pod_request == 0 {
+            return None;
+        }
+        match (self.mode, class) {
+            (_, QosClass::BestEffort) => None,
+            (KubeletMode::Tiered, QosClass::Burstable) => Some(("memory.low", pod_request)),
+            _ => Some(("memory.min", pod_request)),
+        }
+    }
+
+    /// The Memory QoS keys the kubelet puts in a container's `unified` map,
+    /// from the container's own request and limit (a pod-level limit is
+    /// not the container's).
     pub fn unified(
         &self,
         class: QosClass,
@@ -114,6 +137,10 @@ impl KubeletMemoryQosSim {
         let high = match (class, self.throttling_factor) {
             (QosClass::Guaranteed, _) | (_, None) => None,
             (QosClass::BestEffort, Some(_)) if !self.besteffort_high => None,
+            // Before 1.37 the kubelet sets memory.high only where the
+            // request differs from the limit, both 0 where neither is set
+            // (kuberuntime_container_linux.go, `memoryRequest != memoryLimit`).
+            _ if !self.besteffort_high && request == limit.unwrap_or(0) => None,
             (_, Some(f)) => {
                 f::memory_high(request, limit, node.memory_allocatable, f, node.page_size)
             }

@@ -170,6 +170,9 @@ pub fn explain_with(
         None => None,
     };
     let all = spec_containers(&pod)?;
+    let kubelet_pod = pod_level
+        .and_then(|p| p.requests.memory)
+        .and_then(|req| kubelet.pod_level_protection(class, req, node));
     let ctx = PodContext {
         class,
         node,
@@ -184,7 +187,9 @@ pub fn explain_with(
             annotations: pod.metadata.annotations.clone(),
             cgroup_parent: cgroup_parent.clone(),
             resources: None,
-            kubelet_memory_qos: false,
+            // The kubelet protected the pod cgroup itself: the pod's
+            // protection is its own.
+            kubelet_memory_qos: kubelet_pod.is_some(),
         },
         pod_path,
         pod_level,
@@ -207,7 +212,7 @@ pub fn explain_with(
         qos_class: class,
         reason: class_reason,
         cgroup_parent,
-        pod_cgroup: pod_cgroup(&ctx.pod_path, &containers),
+        pod_cgroup: pod_cgroup(&ctx.pod_path, &containers, kubelet_pod),
         containers,
         sandbox: sandbox(node, &ctx.pod_path),
         request_source: api_server.then(|| RequestSource::ApiServer.to_string()),
@@ -332,11 +337,15 @@ impl PodContext<'_> {
     fn explain(&self, c: &SpecContainer) -> ContainerReport {
         let kubelet = self.kubelet_request(c);
         let mem_limit = self.memory_limit(c);
-        // The kubelet's Memory QoS request: the container's own (with the
-        // requests defaulted to the limits, as the API server does).
-        let kubelet_unified =
-            self.kubelet
-                .unified(self.class, c.memory_request(), mem_limit, self.node);
+        // The kubelet's Memory QoS request: from the container's own
+        // resources (with the requests defaulted to the limits, as the API
+        // server does), never the pod-level ones.
+        let kubelet_unified = self.kubelet.unified(
+            self.class,
+            c.memory_request(),
+            c.resources.limits.memory,
+            self.node,
+        );
         let facts = ContainerFacts {
             name: c.name.clone(),
             resources: Resources {
@@ -482,10 +491,24 @@ fn set_by(adj: &Adjustment, kubelet_unified: &BTreeMap<String, String>) -> BTree
 }
 
 /// The pod-level cgroup: the kubelet writes it itself (Σ requests, with
-/// any RuntimeClass overhead) when its Memory QoS protects the pod, and
-/// the hierarchy keeper then leaves it alone; otherwise the keeper sums
-/// the protection of the containers that run with the pod.
-fn pod_cgroup(pod_path: &str, containers: &[ContainerReport]) -> Value {
+/// any RuntimeClass overhead, or the pod-level request, `kubelet_pod`)
+/// when its Memory QoS protects the pod, and the hierarchy keeper then
+/// leaves it alone; otherwise the keeper sums the protection of the
+/// containers that run with the pod.
+fn pod_cgroup(
+    pod_path: &str,
+    containers: &[ContainerReport],
+    kubelet_pod: Option<(&str, u64)>,
+) -> Value {
+    if let Some((key, value)) = kubelet_pod {
+        let of = |k: &str| if k == key { value } else { 0 };
+        return json!({
+            "cgroupPath": pod_path,
+            "memoryMin": of("memory.min"),
+            "memoryLow": of("memory.low"),
+            "owner": Owner::Kubelet,
+        });
+    }
     let running = || containers.iter().filter(|c| !c.init || c.sidecar);
     let kubelet_sum = |key: &str| {
         running()

@@ -14,11 +14,12 @@ QOS_ONLY_FUNCTIONS=1
 QOS_ONLY_FUNCTIONS=0
 
 # The kubelet's TieredReservation protection for QOS_PODS and the DaemonSet's
-# Guaranteed pod (64Mi): Guaranteed pods memory.min = their requests,
+# Burstable pod (64Mi): Guaranteed pods memory.min = their requests,
 # Burstable pods memory.low = theirs (kn-sidecar: max(init 64Mi, sidecar
-# 32Mi + app 96Mi) = 128Mi), /kubepods/burstable memory.low = the Burstable
-# sum (128 + 256 + 128 = 512Mi), /kubepods memory.min = Guaranteed and
-# Burstable together (128 + 64 + 512 = 704Mi).
+# 32Mi + app 96Mi) = 128Mi; kn-podlevel: its pod-level 256Mi),
+# /kubepods/burstable memory.low = the Burstable sum (128 + 256 + 128 + 64 =
+# 576Mi), /kubepods memory.min = Guaranteed and Burstable together (128 +
+# 576 = 704Mi).
 tiered_kubelet_values() {
     qos_kubelet_values "$1"
     cat <<'EOF'
@@ -26,7 +27,7 @@ kn-guaranteed memory.min 134217728
 kn-burstable memory.low 134217728
 kn-podlevel memory.low 268435456
 kn-sidecar memory.low 134217728
-/kubepods/burstable memory.low 536870912
+/kubepods/burstable memory.low 603979776
 /kubepods memory.min 738197504
 EOF
 }
