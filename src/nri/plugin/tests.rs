@@ -776,7 +776,10 @@ fn a_container_created_at_the_synchronize_gets_its_values_at_start_if_its_start_
     }));
     assert_eq!(updates.len(), 2, "both are updated: {updates:?}");
     let sent = updates[0].linux.resources.as_ref().unwrap().unified.clone();
-    assert!(sent.contains_key("cpu.weight") && sent.contains_key("memory.high"), "{sent:?}");
+    assert!(
+        sent.contains_key("cpu.weight") && sent.contains_key("memory.high"),
+        "{sent:?}"
+    );
     // The start read the runtime's record before the update landed: the
     // kernel holds the values from before.
     let cg = dir.path().join("kubepods/burstable/pods/c1");
@@ -785,13 +788,30 @@ fn a_container_created_at_the_synchronize_gets_its_values_at_start_if_its_start_
         std::fs::write(cg.join(file), "max\n").unwrap();
     }
     std::fs::write(cg.join("cpu.weight"), "2\n").unwrap();
-    p.on_event(api::Event::POST_START_CONTAINER, &pod, &created, EventPath::Dedicated);
+    p.on_event(
+        api::Event::POST_START_CONTAINER,
+        &pod,
+        &created,
+        EventPath::Dedicated,
+    );
     for (file, value) in &sent {
-        assert_eq!(&std::fs::read_to_string(cg.join(file)).unwrap(), value, "{file}");
+        assert_eq!(
+            &std::fs::read_to_string(cg.join(file)).unwrap(),
+            value,
+            "{file}"
+        );
     }
     // Once per container, and never for one that ran at the Synchronize.
     std::fs::write(cg.join("cpu.weight"), "7\n").unwrap();
-    p.on_event(api::Event::POST_START_CONTAINER, &pod, &created, EventPath::Dedicated);
-    assert_eq!(std::fs::read_to_string(cg.join("cpu.weight")).unwrap(), "7\n");
+    p.on_event(
+        api::Event::POST_START_CONTAINER,
+        &pod,
+        &created,
+        EventPath::Dedicated,
+    );
+    assert_eq!(
+        std::fs::read_to_string(cg.join("cpu.weight")).unwrap(),
+        "7\n"
+    );
     assert!(lock(&p.created_at_sync).is_empty());
 }
