@@ -172,10 +172,16 @@ press_run() {
         press_relief_ms=$([ "$relief" != 0 ] && echo $((relief - onset)) || echo -)
         figure pressure "$label: onset to relief (below 100Mi)" "$press_relief_ms ms" "onset at t=$((onset / 1000))s; lowest $((below / 1048576)) MiB; $samples samples"
     fi
-    press_oom=$((oom1 - oom0))
-    figure pressure "$label: kernel OOM kills" "$press_oom" "$(grep -c 'Out of memory' "$dir/dmesg") global; $(grep -o 'task=[^,]*,pid=[0-9]*' "$dir/dmesg" | tr '\n' ' ')"
+    # processes the kernel's OOM killer killed (its oom_kill counter and
+    # dmesg count some twice)
+    press_oom=$(grep -o 'Killed process [0-9]*' "$dir/dmesg" | sort -u | wc -l)
+    figure pressure "$label: kernel OOM kills" "$press_oom" "oom_kill counter +$((oom1 - oom0)); $(grep -c 'Out of memory' "$dir/dmesg") global; $(grep -o 'task=[^,]*,pid=[0-9]*' "$dir/dmesg" | sort -u | tr '\n' ' ')"
     press_victims "$dir" "$off"
     figure pressure "$label: victims in order" "${press_order:-none}" "$press_detail"
+    # from the BestEffort hog's start (uptime) to the first victim
+    v="$(echo "$press_detail" | grep -oE 't=[0-9.]+s' | head -n 1 | tr -d 'ts=')"
+    press_first_s="$([ -n "$v" ] && awk -v v="$v" -v b="$t_be" 'BEGIN { printf "%.1f", v - b }' || echo none)"
+    figure pressure "$label: BestEffort hog started to first victim" "$press_first_s s" "lowest memory.available $(awk 'NR == 1 || $2 < m { m = $2 } END { printf "%d MiB", m / 1048576 }' "$dir/samples")"
     figure pressure "$label: pods lost" "$press_lost" "survivors: $(for p in kn-ev-guaranteed kn-ev-within; do printf '%s %s ' "$p" "$(pod_field "$p" '{.status.phase}/{.status.containerStatuses[0].restartCount}')"; done)"
     figure pressure "$label: evicted pods rescheduled" "$(echo "$resched" | cut -c1-60)" "$resched"
     kc delete deploy ev-bu ev-be --wait=true --timeout=120s >/dev/null 2>&1
@@ -253,14 +259,16 @@ if create_pods kn-ev-guaranteed kn-ev-within; then
         nri_qos_restart "with-monitor = $PRESS_MONITOR"
     fi
     press_run nri-qos
-    nri_qos_relief="$press_relief_ms"
+    nri_qos_relief="$press_relief_ms" nri_qos_first="$press_first_s" nri_qos_oom="$press_oom"
     press_run_checks nri-qos
     kubelet_forget_pressure
 
     nri_qos_monitor false
     nri_qos_restart "the monitor off"
     press_run "kubelet alone"
-    figure pressure "relief: kubelet alone / nri-qos" "$press_relief_ms / $nri_qos_relief ms" ""
+    figure pressure "relief: kubelet alone / nri-qos" "$press_relief_ms / $nri_qos_relief ms" "below the kubelet's 100Mi, onset to back above (0: never below as sampled every 100 ms)"
+    figure pressure "first victim: kubelet alone / nri-qos" "$press_first_s / $nri_qos_first s" "after the BestEffort hog started"
+    figure pressure "kernel OOM kills: kubelet alone / nri-qos" "$press_oom / $nri_qos_oom" ""
     kubelet_forget_pressure
     # back to the shipped ConfigMap
     kc apply -k /e2e/kube/deploy >/dev/null
