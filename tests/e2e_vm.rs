@@ -38,8 +38,8 @@ static VM: Mutex<()> = Mutex::new(());
 /// kubelet proves (its cgroup tree, Memory QoS on 1.36, the throttle guard
 /// and node pressure beside its eviction) runs in [`e2e_kube_node`]; the
 /// stand-ins for it (`kubelet`, `throttle` on containerd 2.1) stay
-/// available through `NRI_QOS_E2E_SCENARIOS`.
-const OWN_SCENARIOS: &str = "basic,pagecache,eviction";
+/// available through `NRI_QOS_E2E_SCENARIOS`; `pagecache` runs on CRI-O.
+const OWN_SCENARIOS: &str = "basic,eviction";
 
 /// What a boot runs after its scenarios.
 #[derive(Clone, Copy, PartialEq)]
