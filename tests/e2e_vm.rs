@@ -3,11 +3,12 @@
 //! the kernel really holds. It needs qemu and a few minutes, so it only runs
 //! when `NRI_QOS_E2E=1` (CI sets it); otherwise each test prints a skip notice.
 //!
-//! Each version runs with nri-qos and a resilience sequence: containerd 1.7
-//! with the external plugin (killed while pods are created, then restarted;
-//! containerd restarted under it: it reconnects), containerd 2.1 with the
-//! plugin pre-launched (killed while pods are created; containerd restarted:
-//! it launches a new one, which synchronizes and fixes those pods up), and
+//! Each version runs with nri-qos, most with a resilience sequence:
+//! containerd 1.7 with the external plugin (killed while pods are created,
+//! then restarted; containerd restarted under it: it reconnects), CRI-O with
+//! the plugin pre-launched (killed while pods are created; the runtime
+//! restarted: it launches a new one, which synchronizes and fixes those pods
+//! up), containerd 2.1 with the install modes' guard check (`guarded`), and
 //! containerd 1.7 with the plugin pre-launched, which NRI v0.6.1 never
 //! synchronizes (`basic` only: the restart must not cost older pods their
 //! parents' protection), and containerd 2.2 then 2.3 in one boot with the
@@ -133,19 +134,21 @@ fn e2e_containerd_1_7() {
 }
 
 /// containerd 2.1.9, the default install's runtime, with the plugin
-/// pre-launched: `basic`, a default install is guarded (`guarded`: nri-qos
-/// started each way the install docs give, about 4 min of VM time) and a
-/// 1.37 kubelet with TieredReservation played for 60 s (`kubeletqos`, about
-/// 100 s; the kubelet of [`e2e_kube_node`] is 1.36), last (see
-/// [`OWN_SCENARIOS`]). The real kubelet's scenarios run on this runtime in
-/// [`e2e_kube_node`].
+/// pre-launched: a default install is guarded (`guarded`: nri-qos started
+/// each way the install docs give, about 4 min of VM time) and a 1.37
+/// kubelet with TieredReservation played for 60 s (`kubeletqos`, about
+/// 100 s; the kubelet of [`e2e_kube_node`] is 1.36). Its pods, the
+/// external plugin's absence and the throttle guard with a real kubelet run
+/// on this runtime in [`e2e_kube_node`]; the pre-launched plugin's
+/// resilience on 2.2 and 2.3 (`restart`) and CRI-O.
 #[test]
 fn e2e_containerd_2_1() {
-    run_e2e_with(
+    run_boot(
         "2.1",
         "prelaunched",
-        "basic,guarded,kubeletqos",
-        &["--crictl"],
+        "guarded,kubeletqos",
+        &[],
+        After::Nothing,
     );
 }
 
