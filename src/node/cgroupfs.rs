@@ -342,12 +342,19 @@ pub const RELAXED_WITHOUT_LIMIT: u64 = 1 << 62;
 /// a Synchronize brings in line.
 pub fn is_relaxed(wanted: &str, high: &str, max: &str) -> bool {
     let (wanted, high, max) = (wanted.trim(), high.trim(), max.trim());
-    let guards_value = (high == max && high != "max") || high == RELAXED_WITHOUT_LIMIT.to_string();
+    let guards_value =
+        (high == max && high != "max") || high.parse::<u64>() == Ok(RELAXED_WITHOUT_LIMIT);
     wanted != high && wanted != "max" && guards_value
 }
 
 /// [`is_relaxed`] for the container cgroup at `dir`; false when unreadable.
 pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
+    relaxed_values_in_tree(dir, wanted).is_some()
+}
+
+/// [`relaxed_in_tree`] with what it read: the container's memory.high and
+/// memory.max when the guard relaxed it.
+pub fn relaxed_values_in_tree(dir: &Path, wanted: &str) -> Option<(String, String)> {
     // A Synchronize asks this for every running container whose update
     // sets memory.high, so no file is read whose answer cannot change the
     // outcome: none when the policy wants `max` (never relaxed), and
@@ -355,15 +362,18 @@ pub fn relaxed_in_tree(dir: &Path, wanted: &str) -> bool {
     // policy wants (the common case is our own value, never relaxed).
     let wanted = wanted.trim();
     if wanted == "max" {
-        return false;
+        return None;
     }
     let mut path = dir.join("memory.high");
     let high = with_value(&path, |h| (h != wanted).then(|| h.to_owned()));
     let Ok(Some(high)) = high else {
-        return false;
+        return None;
     };
     path.set_file_name("memory.max");
-    with_value(&path, |max| is_relaxed(wanted, &high, max)).unwrap_or(false)
+    let max = with_value(&path, |max| {
+        is_relaxed(wanted, &high, max).then(|| max.to_owned())
+    });
+    Some((high, max.ok()??))
 }
 
 #[cfg(test)]

@@ -449,14 +449,13 @@ impl QosPlugin {
         let Some(dir) = container_cgroup_dir_in(&self.settings.cgroup_root, cgroups_path) else {
             return;
         };
-        if cgroupfs::relaxed_in_tree(&dir, want) {
-            let read = |f: &str| cgroupfs::read_trimmed(&dir.join(f)).unwrap_or_default();
+        if let Some((high, max)) = cgroupfs::relaxed_values_in_tree(&dir, want) {
             info!(
                 container = %c.id,
                 cgroup = %dir.display(),
                 wanted = %want,
-                memory_high = %read("memory.high"),
-                memory_max = %read("memory.max"),
+                memory_high = %high,
+                memory_max = %max,
                 "memory.high was relaxed by the throttle guard; leaving it"
             );
             adjustment.unified.remove("memory.high");
