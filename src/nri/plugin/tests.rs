@@ -788,12 +788,15 @@ fn a_container_created_at_the_synchronize_gets_its_values_at_start_if_its_start_
         std::fs::write(cg.join(file), "max\n").unwrap();
     }
     std::fs::write(cg.join("cpu.weight"), "2\n").unwrap();
-    p.on_event(
-        api::Event::POST_START_CONTAINER,
-        &pod,
-        &created,
-        EventPath::Dedicated,
-    );
+    let start = || {
+        p.on_event(
+            api::Event::POST_START_CONTAINER,
+            &pod,
+            &created,
+            EventPath::Dedicated,
+        )
+    };
+    start();
     for (file, value) in &sent {
         assert_eq!(
             &std::fs::read_to_string(cg.join(file)).unwrap(),
@@ -803,12 +806,7 @@ fn a_container_created_at_the_synchronize_gets_its_values_at_start_if_its_start_
     }
     // Once per container, and never for one that ran at the Synchronize.
     std::fs::write(cg.join("cpu.weight"), "7\n").unwrap();
-    p.on_event(
-        api::Event::POST_START_CONTAINER,
-        &pod,
-        &created,
-        EventPath::Dedicated,
-    );
+    start();
     assert_eq!(
         std::fs::read_to_string(cg.join("cpu.weight")).unwrap(),
         "7\n"
